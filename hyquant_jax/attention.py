@@ -1,0 +1,73 @@
+"""Attention entry points: pick a backend and run hybrid decode or prefill.
+
+backend:
+  "auto"      the Pallas kernel on GPU, the reference elsewhere;
+  "reference" pure jnp (`hyquant_jax.reference`), any device;
+  "pallas"    the compiled Pallas GPU kernel;
+  "interpret" the Pallas kernel in interpret mode (CPU tests).
+"""
+
+from __future__ import annotations
+
+import jax
+
+from hyquant_jax import reference
+from hyquant_jax.cache import HybridKVCache, accumulate_ring_scores, append
+from hyquant_jax.config import HyQuantConfig
+from hyquant_jax.vti import tail_queries, tail_query_count, vertical_token_identification
+
+BACKENDS = ("auto", "reference", "pallas", "interpret")
+
+
+def resolve_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        return "pallas" if jax.default_backend() == "gpu" else "reference"
+    return backend
+
+
+def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, backend: str = "auto",
+                     scale: float | None = None):
+    """One decode step's attention over a `HybridKVCache`.
+
+    q: [B, Hq, D]. Returns (out [B, Hq, D] in q.dtype, lse float32 [B, Hq]).
+    """
+    backend = resolve_backend(backend)
+    if backend == "reference":
+        return reference.hybrid_decode_attention_reference(q, cache, config, scale=scale)
+    from hyquant_jax import kernels  # imported lazily: only kernel backends need Pallas
+
+    return kernels.decode_attention(q, cache, config, interpret=backend == "interpret", scale=scale)
+
+
+def decode_step(q, k, v, cache: HybridKVCache, config: HyQuantConfig, backend: str = "auto",
+                active=None, scale: float | None = None):
+    """Append this step's k, v [B, Hkv, D], attend with q [B, Hq, D], update ring scores.
+
+    Returns (out [B, Hq, D], new cache).
+    """
+    cache = append(cache, k, v, config, active=active)
+    out, lse = decode_attention(q, cache, config, backend=backend, scale=scale)
+    cache = accumulate_ring_scores(cache, q, lse, config, scale=scale)
+    return out, cache
+
+
+def prefill_attention(q, k, v, lengths, config: HyQuantConfig, backend: str = "auto",
+                      scale: float | None = None):
+    """Causal hybrid prefill attention with VTI from the prompt's tail queries.
+
+    q: [B, Hq, T, D]; k, v: [B, Hkv, T, D]; lengths: int32 [B].
+    Returns (out [B, Hq, T, D], (vl_idx, vl_count)) so Freeze can reuse the VL set.
+    """
+    q_tail = tail_queries(q, lengths, tail_query_count(config))
+    vl = vertical_token_identification(q_tail, k, lengths, config, scale=scale)
+    backend = resolve_backend(backend)
+    if backend == "reference":
+        out = reference.hybrid_prefill_attention_reference(q, k, v, lengths, *vl, config, scale=scale)
+    else:
+        from hyquant_jax import kernels
+
+        out = kernels.prefill_attention(q, k, v, lengths, *vl, config, interpret=backend == "interpret",
+                                        scale=scale)
+    return out, vl

@@ -1,0 +1,544 @@
+"""`HybridKVCache`: the decode-time KV cache of one attention layer.
+
+Every cached token of every (sequence, KV head) lives in exactly one region:
+
+* low-bit region: pages of `block_size` slots; page p of sequence b holds
+  `page_count[b, p]` tokens at its front (a page is a frozen chunk of the
+  prompt prefix or one block flushed from the window, minus promoted VL
+  tokens). Codes are packed (see `quant.py`); scales are per token and channel
+  group, or, for scheme "channel_key", keys have a per-channel scale and zero
+  point per page.
+* VL region: `num_vl[b]` full-precision vertical-line tokens.
+* window ring: `window + block_size` full-precision slots; the valid ones are
+  `ring_start, ..., ring_start + ring_len - 1` (mod ring size), oldest first.
+  `ring_score` accumulates the decode attention mass of each slot.
+
+Attention is permutation-invariant over keys (positions are already in the
+keys through RoPE), so regions store tokens in any order. Capacities are
+static (`max_len` tokens per sequence); lengths are per sequence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hyquant_jax import quant
+from hyquant_jax.config import HyQuantConfig, num_vl_tokens
+from hyquant_jax.vti import max_vl_count, vertical_token_identification
+
+SLOT_ALIGN = 256  # low-bit slots are padded to a multiple of this (kernel tiling)
+VL_ALIGN = 16
+
+
+@partial(
+    jax.tree_util.register_dataclass,
+    data_fields=[
+        "k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero",
+        "page_count", "num_pages", "vl_k", "vl_v", "num_vl",
+        "ring_k", "ring_v", "ring_score", "ring_start", "ring_len", "length",
+    ],
+    meta_fields=["max_len"],
+)
+@dataclasses.dataclass(frozen=True)
+class HybridKVCache:
+    """Hybrid-precision KV cache; B sequences, H KV heads, head_dim D.
+
+    k_codes: uint8 [B, H, S, D*key_bits/8] packed codes (or full precision
+      [B, H, S, D] when key_bits == 16); S = pages * block_size slots.
+    k_scale, k_zero: bf16 [B, H, S, G] per token and channel group, or
+      [B, H, pages, D] per page and channel ("channel_key"); None when unused
+      (16 bits; k_zero for symmetric schemes).
+    v_codes, v_scale, v_zero: the same for values (always per token).
+    page_count: int32 [B, pages] tokens at the front of each page.
+    num_pages: int32 [B] pages in use.
+    vl_k, vl_v: [B, H, C, D] full-precision VL tokens; num_vl: int32 [B].
+    ring_k, ring_v: [B, H, R, D] window ring, R = window + block_size.
+    ring_score: float32 [B, H, R] accumulated decode attention mass per slot.
+    ring_start, ring_len: int32 [B] first valid slot and valid slot count.
+    length: int32 [B] tokens cached per sequence (prompt + decoded).
+    max_len: static capacity in tokens per sequence.
+    """
+
+    k_codes: jax.Array
+    k_scale: jax.Array | None
+    k_zero: jax.Array | None
+    v_codes: jax.Array
+    v_scale: jax.Array | None
+    v_zero: jax.Array | None
+    page_count: jax.Array
+    num_pages: jax.Array
+    vl_k: jax.Array
+    vl_v: jax.Array
+    num_vl: jax.Array
+    ring_k: jax.Array
+    ring_v: jax.Array
+    ring_score: jax.Array
+    ring_start: jax.Array
+    ring_len: jax.Array
+    length: jax.Array
+    max_len: int
+
+    @property
+    def batch(self) -> int:
+        return self.ring_k.shape[0]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.ring_k.shape[1]
+
+    @property
+    def head_dim(self) -> int:
+        return self.ring_k.shape[3]
+
+    @property
+    def dtype(self):
+        return self.ring_k.dtype
+
+    @property
+    def num_slots(self) -> int:
+        return self.k_codes.shape[2]
+
+    @property
+    def vl_capacity(self) -> int:
+        return self.vl_k.shape[2]
+
+    def nbytes(self) -> int:
+        """Bytes of all arrays (allocated capacity)."""
+        return sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(self))
+
+    def used_bytes(self, config: HyQuantConfig) -> np.ndarray:
+        """Bytes per sequence that hold cached tokens (host-side, int64 [B]).
+
+        Counts the codes and scales of used pages, the used VL slots and the
+        whole ring (it is always allocated), but not unused capacity.
+        """
+        h, d = self.num_kv_heads, self.head_dim
+        elem = jnp.dtype(self.dtype).itemsize
+        per_slot = sum(
+            _region_bytes_per_slot(x) for x in (self.k_codes, self.v_codes)
+        )
+        per_slot += sum(_token_param_bytes(x) for x in (self.k_scale, self.k_zero)
+                        if x is not None and config.scheme != "channel_key")
+        per_slot += sum(_token_param_bytes(x) for x in (self.v_scale, self.v_zero) if x is not None)
+        per_page = 0
+        if config.scheme == "channel_key" and config.key_bits != 16:
+            per_page = 2 * d * jnp.dtype(quant.PARAM_DTYPE).itemsize
+        pages = np.asarray(self.num_pages).astype(np.int64)
+        vl = np.asarray(self.num_vl).astype(np.int64)
+        ring = self.ring_k.shape[2]
+        return h * (pages * (config.block_size * per_slot + per_page) + (vl + ring) * 2 * d * elem)
+
+    def check_room(self, new_tokens: int) -> None:
+        """Host-side check: raise if appending `new_tokens` would overflow."""
+        longest = int(np.max(np.asarray(self.length))) if self.batch else 0
+        if longest + new_tokens > self.max_len:
+            raise ValueError(
+                f"HybridKVCache overflow: a sequence holds {longest} tokens and {new_tokens} more would exceed "
+                f"max_len={self.max_len}; build the cache with a larger max_len"
+            )
+
+
+def _region_bytes_per_slot(codes: jax.Array) -> int:
+    return codes.shape[-1] * codes.dtype.itemsize
+
+
+def _token_param_bytes(param: jax.Array) -> int:
+    return param.shape[-1] * param.dtype.itemsize
+
+
+# --------------------------------------------------------------------------- capacities
+
+
+def capacities(max_len: int, config: HyQuantConfig) -> tuple[int, int]:
+    """(pages, VL capacity) that hold any history of at most `max_len` tokens.
+
+    Tokens outside the window are at most max_len - W. Freeze puts P prefix
+    tokens into ceil(P / block_size) pages at most and each later flush
+    fills one page, so ceil((max_len - W) / block_size) pages suffice. VL
+    holds num_vl(P) + f * flush_vl_count after f flushes, maximised over the
+    split of the prefix between freeze and flushes.
+    """
+    bs = config.block_size
+    prefix_max = max(0, max_len - config.window)
+    pages = max(1, math.ceil(prefix_max / bs))
+    align = max(1, SLOT_ALIGN // bs)
+    pages = math.ceil(pages / align) * align
+    kf = config.flush_vl_count
+    rho = config.rho_fraction
+    vl = max(num_vl_tokens(prefix_max - f * bs, rho) + f * kf for f in range(prefix_max // bs + 1))
+    vl = max(VL_ALIGN, math.ceil(vl / VL_ALIGN) * VL_ALIGN)
+    return pages, vl
+
+
+# --------------------------------------------------------------------------- quantizing pages
+
+
+def _quantize_keys(x, valid, config: HyQuantConfig):
+    """x [B, H, S, D] float, valid bool [B, H, S] -> (codes, scale, zero)."""
+    if config.key_bits == 16:
+        return x, None, None
+    if config.scheme == "channel_key":
+        b, h, s, d = x.shape
+        bs = config.block_size
+        pages = x.reshape(b, h, s // bs, bs, d)
+        codes, scale, zero = quant.quantize_channels(pages, config.key_bits, valid.reshape(b, h, s // bs, bs))
+        return quant.pack(codes.reshape(x.shape), config.key_bits), scale, zero
+    codes, scale, zero = quant.quantize_tokens(
+        x, config.key_bits, symmetric=config.scheme == "token_sym", group_size=config.group_size
+    )
+    return quant.pack(codes, config.key_bits), scale, zero
+
+
+def _quantize_values(x, config: HyQuantConfig):
+    if config.value_bits == 16:
+        return x, None, None
+    codes, scale, zero = quant.quantize_tokens(
+        x, config.value_bits, symmetric=config.scheme == "token_sym", group_size=config.group_size
+    )
+    return quant.pack(codes, config.value_bits), scale, zero
+
+
+def dequantize_keys(cache: HybridKVCache, config: HyQuantConfig) -> jax.Array:
+    """Low-bit keys as float32 [B, H, S, D] (invalid slots included)."""
+    if config.key_bits == 16:
+        return cache.k_codes.astype(jnp.float32)
+    codes = quant.unpack(cache.k_codes, config.key_bits)
+    if config.scheme == "channel_key":
+        b, h, s, d = codes.shape
+        bs = config.block_size
+        x = quant.dequantize_channels(codes.reshape(b, h, s // bs, bs, d), cache.k_scale, cache.k_zero)
+        return x.reshape(b, h, s, d)
+    return quant.dequantize_tokens(codes, cache.k_scale, cache.k_zero, config.key_bits)
+
+
+def dequantize_values(cache: HybridKVCache, config: HyQuantConfig) -> jax.Array:
+    """Low-bit values as float32 [B, H, S, D] (invalid slots included)."""
+    if config.value_bits == 16:
+        return cache.v_codes.astype(jnp.float32)
+    codes = quant.unpack(cache.v_codes, config.value_bits)
+    return quant.dequantize_tokens(codes, cache.v_scale, cache.v_zero, config.value_bits)
+
+
+# --------------------------------------------------------------------------- validity masks
+
+
+def low_bit_valid(cache: HybridKVCache, block_size: int) -> jax.Array:
+    """bool [B, S]: slot holds a token (same for every head)."""
+    slot = jnp.arange(cache.num_slots)
+    page, within = slot // block_size, slot % block_size
+    count = jnp.take_along_axis(cache.page_count, jnp.broadcast_to(page, (cache.batch, page.size)), axis=1)
+    return (page[None, :] < cache.num_pages[:, None]) & (within[None, :] < count)
+
+
+def vl_valid(cache: HybridKVCache) -> jax.Array:
+    """bool [B, C]."""
+    return jnp.arange(cache.vl_capacity)[None, :] < cache.num_vl[:, None]
+
+
+def ring_valid(cache: HybridKVCache) -> jax.Array:
+    """bool [B, R]."""
+    size = cache.ring_k.shape[2]
+    age = (jnp.arange(size)[None, :] - cache.ring_start[:, None]) % size
+    return age < cache.ring_len[:, None]
+
+
+def check_cache(cache: HybridKVCache, config: HyQuantConfig) -> None:
+    """Raise ValueError if the cache layout does not match the config."""
+    d = cache.head_dim
+    config.check_head_dim(d)
+    if cache.ring_k.shape[2] != config.ring_size:
+        raise ValueError(
+            f"cache ring has {cache.ring_k.shape[2]} slots but config needs window + block_size = {config.ring_size}"
+        )
+    want_k = d if config.key_bits == 16 else quant.packed_width(d, config.key_bits)
+    want_v = d if config.value_bits == 16 else quant.packed_width(d, config.value_bits)
+    if cache.k_codes.shape[-1] != want_k or cache.v_codes.shape[-1] != want_v:
+        raise ValueError(
+            f"cache codes have widths {cache.k_codes.shape[-1]}/{cache.v_codes.shape[-1]} but config "
+            f"key_bits={config.key_bits}, value_bits={config.value_bits} need {want_k}/{want_v}"
+        )
+    if cache.num_slots % config.block_size or cache.page_count.shape[1] * config.block_size != cache.num_slots:
+        raise ValueError(f"cache pages do not match block_size={config.block_size}")
+    if config.key_bits != 16:
+        b, h, s = cache.batch, cache.num_kv_heads, cache.num_slots
+        if config.scheme == "channel_key":
+            want = (b, h, cache.page_count.shape[1], d)
+        else:
+            want = (b, h, s, config.group_count(d))
+        if cache.k_scale is None or cache.k_scale.shape != want:
+            got = None if cache.k_scale is None else cache.k_scale.shape
+            raise ValueError(f"cache key scales have shape {got} but scheme={config.scheme!r} needs {want}")
+
+
+# --------------------------------------------------------------------------- freeze
+
+
+def _check_kv(k, v, lengths, name="k"):
+    if k.ndim != 4 or v.shape != k.shape:
+        raise ValueError(f"{name} and v must both be [B, H_kv, N, D], got {k.shape} and {v.shape}")
+    if lengths.shape != (k.shape[0],) or not jnp.issubdtype(lengths.dtype, jnp.integer):
+        raise ValueError(f"lengths must be an int array of shape [B]={(k.shape[0],)}, got {lengths.shape} {lengths.dtype}")
+
+
+def _concrete(x) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def freeze(
+    k: jax.Array,
+    v: jax.Array,
+    lengths: jax.Array,
+    q_tail: jax.Array,
+    config: HyQuantConfig,
+    max_len: int,
+    vl: tuple[jax.Array, jax.Array] | None = None,
+    scale: float | None = None,
+) -> HybridKVCache:
+    """Build the hybrid cache from prefill keys/values (paper Algorithm 4).
+
+    k, v: [B, H_kv, N, D] prompt keys (after RoPE) and values, left-aligned,
+      position p of sequence b valid for p < lengths[b]; int32 lengths [B].
+    q_tail: [B, H_q, T, D] right-aligned tail queries (`vti.tail_queries`).
+    max_len: static capacity per sequence (prompt + generated), >= N.
+    vl: optional (indices, count) from `vertical_token_identification` when
+      prefill already computed them.
+
+    The last min(len, W) tokens go to the window ring; VL tokens are chosen
+    from the prefix [0, len - W) once; the rest of the prefix is quantized in
+    order into full pages (the last one partial).
+    """
+    _check_kv(k, v, lengths)
+    b, h, n, d = k.shape
+    config.check_head_dim(d)
+    if max_len < n:
+        raise ValueError(f"max_len={max_len} must be >= the prompt capacity N={n}")
+    if _concrete(lengths):
+        lens = np.asarray(lengths)
+        if lens.size and (lens.min() < 0 or lens.max() > n):
+            raise ValueError(f"lengths must lie in [0, {n}], got {lens.tolist()}")
+    if vl is None:
+        vl = vertical_token_identification(q_tail, k, lengths, config, scale=scale)
+    return _freeze(k, v, lengths.astype(jnp.int32), vl[0], vl[1], config, max_len)
+
+
+@partial(jax.jit, static_argnames=("config", "max_len"))
+def _freeze(k, v, lengths, vl_idx, vl_count, config: HyQuantConfig, max_len: int) -> HybridKVCache:
+    b, h, n, d = k.shape
+    bs, w = config.block_size, config.window
+    num_pages, vl_cap = capacities(max_len, config)
+    slots = num_pages * bs
+    pos = jnp.arange(n)
+
+    recent = jnp.minimum(lengths, w)
+    prefix = lengths - recent  # P per sequence
+    kmax = vl_idx.shape[-1]
+    if kmax > vl_cap:
+        raise ValueError(f"{kmax} VL indices exceed the VL capacity {vl_cap} of max_len={max_len}")
+
+    # VL tokens and the positions they take out of the prefix.
+    vl_ok = jnp.arange(kmax)[None, None, :] < vl_count[:, None, None]
+    vl_pos = jnp.where(vl_ok, vl_idx, 0)
+    is_vl = jnp.zeros((b, h, n), bool).at[
+        jnp.arange(b)[:, None, None], jnp.arange(h)[None, :, None], vl_pos
+    ].max(vl_ok)
+    vl_k = _gather_tokens(k, vl_pos, vl_ok, vl_cap)
+    vl_v = _gather_tokens(v, vl_pos, vl_ok, vl_cap)
+
+    # Quantized prefix, compacted in position order.
+    is_q = (pos[None, None, :] < prefix[:, None, None]) & ~is_vl
+    order = jnp.argsort(jnp.where(is_q, pos, n + pos), axis=-1, stable=True).astype(jnp.int32)
+    taken = min(n, slots)
+    order = order[..., :taken]
+    n_q = prefix - vl_count
+    slot_ok = jnp.arange(taken)[None, None, :] < n_q[:, None, None]
+    q_k = _gather_tokens(k, order, slot_ok, slots)
+    q_v = _gather_tokens(v, order, slot_ok, slots)
+    valid = jnp.broadcast_to(jnp.arange(slots)[None, None, :] < n_q[:, None, None], (b, h, slots))
+    k_codes, k_scale, k_zero = _quantize_keys(q_k, valid, config)
+    v_codes, v_scale, v_zero = _quantize_values(q_v, config)
+    page_count = jnp.clip(n_q[:, None] - jnp.arange(num_pages)[None, :] * bs, 0, bs).astype(jnp.int32)
+    pages_used = ((n_q + bs - 1) // bs).astype(jnp.int32)
+
+    # Window ring: the last `recent` tokens in slots [0, recent).
+    ring = config.ring_size
+    ring_pos = prefix[:, None] + jnp.arange(ring)[None, :]
+    ring_ok = jnp.arange(ring)[None, :] < recent[:, None]
+    ring_idx = jnp.broadcast_to(jnp.clip(ring_pos, 0, n - 1)[:, None, :], (b, h, ring))
+    ring_ok3 = jnp.broadcast_to(ring_ok[:, None, :], (b, h, ring))
+    return HybridKVCache(
+        k_codes=k_codes, k_scale=k_scale, k_zero=k_zero,
+        v_codes=v_codes, v_scale=v_scale, v_zero=v_zero,
+        page_count=page_count, num_pages=pages_used,
+        vl_k=vl_k, vl_v=vl_v, num_vl=vl_count.astype(jnp.int32),
+        ring_k=_gather_tokens(k, ring_idx, ring_ok3, ring),
+        ring_v=_gather_tokens(v, ring_idx, ring_ok3, ring),
+        ring_score=jnp.zeros((b, h, ring), jnp.float32),
+        ring_start=jnp.zeros((b,), jnp.int32),
+        ring_len=recent.astype(jnp.int32),
+        length=lengths.astype(jnp.int32),
+        max_len=max_len,
+    )
+
+
+def _gather_tokens(x, idx, ok, size):
+    """x [B, H, N, D], idx/ok [B, H, M] -> [B, H, size, D]; rows not ok are zero."""
+    rows = jnp.take_along_axis(x, jnp.clip(idx, 0, x.shape[2] - 1)[..., None], axis=2)
+    rows = jnp.where(ok[..., None], rows, jnp.zeros((), x.dtype))
+    m = rows.shape[2]
+    if m < size:
+        rows = jnp.pad(rows, ((0, 0), (0, 0), (0, size - m), (0, 0)))
+    return rows[:, :, :size]
+
+
+# --------------------------------------------------------------------------- append
+
+
+def append(
+    cache: HybridKVCache,
+    k: jax.Array,
+    v: jax.Array,
+    config: HyQuantConfig,
+    active: jax.Array | None = None,
+) -> HybridKVCache:
+    """Add one decoded token per sequence.
+
+    k, v: [B, H_kv, D]; active: optional bool [B] (inactive sequences are
+    left unchanged). If a sequence's ring is full, its oldest block is
+    flushed first: quantized into a new page, or, with `promote_flushed`, its
+    top-rho tokens by `ring_score` move to the VL region and the rest are
+    quantized. Called outside jit, it checks capacity on the host first.
+    """
+    want = (cache.batch, cache.num_kv_heads, cache.head_dim)
+    if k.shape != want or v.shape != want:
+        raise ValueError(f"append: k and v must be [B, H_kv, D]={want}, got {k.shape} and {v.shape}")
+    if active is None:
+        active = jnp.ones((cache.batch,), bool)
+    elif active.shape != (cache.batch,):
+        raise ValueError(f"append: active must be bool [B]={(cache.batch,)}, got {active.shape}")
+    if _concrete(cache.length):
+        cache.check_room(1)
+    check_cache(cache, config)
+    return _append(cache, k, v, active, config)
+
+
+@partial(jax.jit, static_argnames=("config",))
+def _append(cache: HybridKVCache, k, v, active, config: HyQuantConfig) -> HybridKVCache:
+    flush = active & (cache.ring_len == config.ring_size)
+    cache = _flush_oldest_block(cache, flush, config)
+    ring = config.ring_size
+    slot = (cache.ring_start + cache.ring_len) % ring
+    ring_k = _write_rows(cache.ring_k, slot, k[:, :, None].astype(cache.dtype), active)
+    ring_v = _write_rows(cache.ring_v, slot, v[:, :, None].astype(cache.dtype), active)
+    ring_score = _write_rows(cache.ring_score[..., None], slot, jnp.zeros(k.shape[:2] + (1, 1)), active)[..., 0]
+    step = active.astype(jnp.int32)
+    return dataclasses.replace(
+        cache, ring_k=ring_k, ring_v=ring_v, ring_score=ring_score,
+        ring_len=cache.ring_len + step, length=cache.length + step,
+    )
+
+
+def _write_rows(buf, start, rows, mask):
+    """buf [B, H, S, X]; write rows [B, H, n, X] at slot start[b] where mask[b]."""
+
+    def one(buf_b, start_b, rows_b, mask_b):
+        old = jax.lax.dynamic_slice_in_dim(buf_b, start_b, rows_b.shape[1], axis=1)
+        new = jnp.where(mask_b, rows_b.astype(buf_b.dtype), old)
+        return jax.lax.dynamic_update_slice_in_dim(buf_b, new, start_b, axis=1)
+
+    return jax.vmap(one)(buf, start, rows, mask)
+
+
+def _read_rows(buf, start, n):
+    return jax.vmap(lambda x, s: jax.lax.dynamic_slice_in_dim(x, s, n, axis=1))(buf, start)
+
+
+def _flush_oldest_block(cache: HybridKVCache, flush, config: HyQuantConfig) -> HybridKVCache:
+    """Move the oldest window block of each flushing sequence out of the ring."""
+    bs = config.block_size
+    b, h = cache.batch, cache.num_kv_heads
+    start = cache.ring_start
+    blk_k = _read_rows(cache.ring_k, start, bs)  # [B, H, bs, D]
+    blk_v = _read_rows(cache.ring_v, start, bs)
+    kf = config.flush_vl_count
+    updates = {}
+    if kf:
+        score = _read_rows(cache.ring_score[..., None], start, bs)[..., 0]  # [B, H, bs]
+        _, top = jax.lax.top_k(score, kf)
+        top = jnp.sort(top, axis=-1)
+        promoted = jnp.zeros((b, h, bs), bool).at[
+            jnp.arange(b)[:, None, None], jnp.arange(h)[None, :, None], top
+        ].set(True)
+        vl_k = jnp.take_along_axis(blk_k, top[..., None], axis=2)
+        vl_v = jnp.take_along_axis(blk_v, top[..., None], axis=2)
+        updates["vl_k"] = _write_rows(cache.vl_k, cache.num_vl, vl_k, flush)
+        updates["vl_v"] = _write_rows(cache.vl_v, cache.num_vl, vl_v, flush)
+        updates["num_vl"] = cache.num_vl + kf * flush
+        keep = jnp.argsort(promoted, axis=-1, stable=True)  # kept tokens first, in order
+        keep_ok = jnp.broadcast_to(jnp.arange(bs) < bs - kf, (b, h, bs))
+        blk_k = _gather_tokens(blk_k, keep, keep_ok, bs)
+        blk_v = _gather_tokens(blk_v, keep, keep_ok, bs)
+    count = bs - kf
+    valid = jnp.broadcast_to(jnp.arange(bs) < count, (b, h, bs))
+    k_codes, k_scale, k_zero = _quantize_keys(blk_k, valid, config)
+    v_codes, v_scale, v_zero = _quantize_values(blk_v, config)
+
+    page = cache.num_pages
+    slot = page * bs
+    updates["k_codes"] = _write_rows(cache.k_codes, slot, k_codes, flush)
+    updates["v_codes"] = _write_rows(cache.v_codes, slot, v_codes, flush)
+    if config.scheme == "channel_key" and config.key_bits != 16:
+        updates["k_scale"] = _write_rows(cache.k_scale, page, k_scale, flush)
+        updates["k_zero"] = _write_rows(cache.k_zero, page, k_zero, flush)
+    else:
+        for name, value in (("k_scale", k_scale), ("k_zero", k_zero)):
+            if value is not None:
+                updates[name] = _write_rows(getattr(cache, name), slot, value, flush)
+    for name, value in (("v_scale", v_scale), ("v_zero", v_zero)):
+        if value is not None:
+            updates[name] = _write_rows(getattr(cache, name), slot, value, flush)
+    page_count = _write_rows(
+        cache.page_count[:, None, :, None], page, jnp.full((b, 1, 1, 1), count, jnp.int32), flush
+    )[:, 0, :, 0]
+    ring_score = _write_rows(cache.ring_score[..., None], start, jnp.zeros((b, h, bs, 1)), flush)[..., 0]
+    return dataclasses.replace(
+        cache,
+        page_count=page_count,
+        num_pages=page + flush.astype(jnp.int32),
+        ring_score=ring_score,
+        ring_start=jnp.where(flush, (start + bs) % config.ring_size, start),
+        ring_len=cache.ring_len - bs * flush.astype(jnp.int32),
+        **updates,
+    )
+
+
+# --------------------------------------------------------------------------- decode scores
+
+
+@partial(jax.jit, static_argnames=("config", "scale"))
+def accumulate_ring_scores(
+    cache: HybridKVCache, q: jax.Array, lse: jax.Array, config: HyQuantConfig, scale: float | None = None
+) -> HybridKVCache:
+    """Add this decode step's attention mass on each ring slot to `ring_score`.
+
+    q: [B, H_q, D] the step's queries; lse: float32 [B, H_q] log-sum-exp of
+    the step's full attention logits (from decode attention). The mass of a
+    slot is exp(q.k * scale - lse), summed over the query heads of its KV head.
+    A no-op when flushed tokens are never promoted.
+    """
+    if config.flush_vl_count == 0:
+        return cache
+    b, hq, d = q.shape
+    h = cache.num_kv_heads
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    qg = q.astype(jnp.float32).reshape(b, h, hq // h, d)
+    logits = jnp.einsum("bhgd,bhrd->bhgr", qg, cache.ring_k.astype(jnp.float32)) * scale
+    lse_g = lse.reshape(b, h, hq // h, 1)
+    mass = jnp.where(jnp.isfinite(lse_g), jnp.exp(logits - lse_g), 0.0).sum(axis=2)
+    mass = jnp.where(ring_valid(cache)[:, None, :], mass, 0.0)
+    return dataclasses.replace(cache, ring_score=cache.ring_score + mass)

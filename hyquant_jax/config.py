@@ -1,0 +1,151 @@
+"""`HyQuantConfig`: every knob of the hybrid-precision method in one frozen value.
+
+The config is hashable, so it can be a static argument of `jax.jit`. Invalid
+values raise `ValueError` naming the field and the allowed range.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from fractions import Fraction
+
+import jax.numpy as jnp
+
+BITS = (2, 4, 8, 16)
+SCHEMES = ("token_sym", "token_asym", "channel_key")
+PREFILL_QK_FORMATS = ("int8", "fp8", "bf16")
+_POW2_BLOCKS = (16, 32, 64, 128, 256)
+# rho is used as the nearest fraction with at most this denominator, so that
+# ceil(P * rho) is computed exactly in int32 arithmetic (no 60 * 0.05 = 3.0000000000000004 -> 4).
+RHO_MAX_DENOMINATOR = 10_000
+
+
+@dataclasses.dataclass(frozen=True)
+class HyQuantConfig:
+    """Hybrid-precision attention settings.
+
+    Attributes:
+      key_bits, value_bits: bits per element of the low-bit region, one of
+        2, 4, 8, or 16 (16 keeps bf16: an ablation switch, no quantization).
+      scheme: how low-bit elements are scaled.
+        "token_sym": one symmetric scale per token and channel group;
+        "token_asym": a scale and a zero point per token and channel group;
+        "channel_key": keys get a scale and zero point per channel over each
+        block of `block_size` tokens (KIVI-style), values are per-token asymmetric.
+      group_size: channels sharing one per-token scale (None: the whole head).
+      window: W, the number of most recent tokens always kept in full precision.
+      block_size: tokens that leave the window together. The decode window is a
+        ring of `window + block_size` slots; when it is full the oldest block is
+        quantized into the low-bit region (one page of `block_size` slots).
+      rho: share of the non-window prefix kept in full precision as vertical-line
+        (VL) tokens, in [0, 1]. 0 disables VL; otherwise at least one token.
+      promote_flushed: when a block is flushed from the window during decode,
+        keep its top-rho tokens (by accumulated decode attention mass) as VL.
+      prefill_qk: number format of Q.K in the quantized prefill segment.
+      prefill_block: query block size of hybrid prefill; each query block sees
+        the `window` keys before it and itself in full precision.
+    """
+
+    key_bits: int = 4
+    value_bits: int = 4
+    scheme: str = "token_sym"
+    group_size: int | None = None
+    window: int = 128
+    block_size: int = 64
+    rho: float = 0.05
+    promote_flushed: bool = True
+    prefill_qk: str = "int8"
+    prefill_block: int = 64
+
+    def __post_init__(self):
+        for name in ("key_bits", "value_bits"):
+            value = getattr(self, name)
+            if not _is_int(value) or value not in BITS:
+                raise ValueError(f"HyQuantConfig.{name} must be one of {BITS}, got {value!r}")
+        if self.scheme not in SCHEMES:
+            raise ValueError(f"HyQuantConfig.scheme must be one of {SCHEMES}, got {self.scheme!r}")
+        if self.group_size is not None and (
+            not _is_int(self.group_size) or self.group_size < 1 or self.group_size & (self.group_size - 1)
+        ):
+            raise ValueError(
+                f"HyQuantConfig.group_size must be None or a power of two >= 1, got {self.group_size!r}"
+            )
+        if not _is_int(self.block_size) or self.block_size not in _POW2_BLOCKS:
+            raise ValueError(f"HyQuantConfig.block_size must be one of {_POW2_BLOCKS}, got {self.block_size!r}")
+        if not _is_int(self.window) or self.window < 0 or self.window % self.block_size:
+            raise ValueError(
+                f"HyQuantConfig.window must be an int >= 0 and a multiple of block_size={self.block_size}, "
+                f"got {self.window!r}"
+            )
+        if isinstance(self.rho, bool) or not isinstance(self.rho, (int, float)) or not 0.0 <= self.rho <= 1.0:
+            raise ValueError(f"HyQuantConfig.rho must be a number in [0, 1], got {self.rho!r}")
+        if not isinstance(self.promote_flushed, bool):
+            raise ValueError(f"HyQuantConfig.promote_flushed must be a bool, got {self.promote_flushed!r}")
+        if self.prefill_qk not in PREFILL_QK_FORMATS:
+            raise ValueError(
+                f"HyQuantConfig.prefill_qk must be one of {PREFILL_QK_FORMATS}, got {self.prefill_qk!r}"
+            )
+        if not _is_int(self.prefill_block) or self.prefill_block not in _POW2_BLOCKS:
+            raise ValueError(
+                f"HyQuantConfig.prefill_block must be one of {_POW2_BLOCKS}, got {self.prefill_block!r}"
+            )
+        if self.window % self.prefill_block:
+            raise ValueError(
+                f"HyQuantConfig.window={self.window} must be a multiple of prefill_block={self.prefill_block}"
+            )
+
+    @property
+    def ring_size(self) -> int:
+        """Slots of the full-precision window ring: window + one staging block."""
+        return self.window + self.block_size
+
+    @property
+    def rho_fraction(self) -> Fraction:
+        return Fraction(self.rho).limit_denominator(RHO_MAX_DENOMINATOR)
+
+    @property
+    def flush_vl_count(self) -> int:
+        """Tokens of each flushed block promoted to VL (0 when promotion is off)."""
+        if not self.promote_flushed:
+            return 0
+        return num_vl_tokens(self.block_size, self.rho_fraction)
+
+    def group_count(self, head_dim: int) -> int:
+        """Channel groups of a per-token scale for this head_dim (checked)."""
+        group = self.group_size or head_dim
+        if group > head_dim or head_dim % group:
+            raise ValueError(
+                f"HyQuantConfig.group_size={self.group_size} must divide head_dim={head_dim}"
+            )
+        return head_dim // group
+
+    def check_head_dim(self, head_dim: int) -> None:
+        """Raise if the packed layout cannot hold this head_dim."""
+        for bits in (self.key_bits, self.value_bits):
+            if bits < 8 and head_dim % (8 // bits):
+                raise ValueError(f"head_dim={head_dim} must be a multiple of {8 // bits} for {bits}-bit packing")
+        self.group_count(head_dim)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def num_vl_tokens(prefix_len, rho: Fraction):
+    """k = min(P, max(1, ceil(P * rho))) for P > 0, else 0 (Algorithm 1, line 19).
+
+    rho = 0 means no VL at all. Works on Python ints (host) and int32 arrays
+    (traced); exact, since rho is a fraction num/den with den <= 10_000.
+    """
+    num, den = rho.numerator, rho.denominator
+    if num == 0:
+        return 0 if isinstance(prefix_len, int) else jnp.zeros_like(prefix_len)
+    if isinstance(prefix_len, int):
+        if prefix_len <= 0:
+            return 0
+        return min(prefix_len, max(1, math.ceil(Fraction(prefix_len) * rho)))
+    p = jnp.maximum(prefix_len, 0)
+    # ceil(p * num / den) without overflow: split p into multiples of den and a remainder.
+    k = (p // den) * num + ((p % den) * num + den - 1) // den
+    return jnp.where(p > 0, jnp.minimum(p, jnp.maximum(1, k)), 0)

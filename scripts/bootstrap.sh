@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Create .venv (Python >= 3.12) and install hyquant-jax with its test and eval extras.
+# Idempotent: re-installs only when pyproject.toml or this script changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+is_312() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; }
+
+if [ ! -x .venv/bin/python ] || ! is_312 .venv/bin/python; then
+  py=""
+  candidates=(${PYTHON:-} python3.12 python3 python)
+  if command -v pyenv >/dev/null 2>&1; then
+    candidates+=("$(pyenv root)"/versions/3.1[2-9]*/bin/python)
+  fi
+  for c in "${candidates[@]}"; do
+    if command -v "$c" >/dev/null 2>&1 && is_312 "$c"; then py="$c"; break; fi
+  done
+  if [ -z "$py" ]; then
+    echo "bootstrap: need Python >= 3.12 (jax 0.11.2 requires it); set PYTHON=/path/to/python3.12" >&2
+    exit 1
+  fi
+  rm -rf .venv
+  "$py" -m venv .venv
+fi
+
+stamp=.venv/.hyquant-installed
+want=$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,eval]' 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/python -c 'import hyquant_jax, jax; assert jax.__version__ == "0.11.2", jax.__version__'
+  echo "$want" > "$stamp"
+fi
