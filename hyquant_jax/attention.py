@@ -36,9 +36,9 @@ def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, backend: st
     backend = resolve_backend(backend)
     if backend == "reference":
         return reference.hybrid_decode_attention_reference(q, cache, config, scale=scale)
-    from hyquant_jax import kernels  # imported lazily: only kernel backends need Pallas
+    from hyquant_jax import decode_kernel  # imported lazily: only kernel backends need Pallas
 
-    return kernels.decode_attention(q, cache, config, interpret=backend == "interpret", scale=scale)
+    return decode_kernel.decode_attention(q, cache, config, interpret=backend == "interpret", scale=scale)
 
 
 def decode_step(q, k, v, cache: HybridKVCache, config: HyQuantConfig, backend: str = "auto",
@@ -66,8 +66,8 @@ def prefill_attention(q, k, v, lengths, config: HyQuantConfig, backend: str = "a
     if backend == "reference":
         out = reference.hybrid_prefill_attention_reference(q, k, v, lengths, *vl, config, scale=scale)
     else:
-        from hyquant_jax import kernels
+        from hyquant_jax import prefill_kernel
 
-        out = kernels.prefill_attention(q, k, v, lengths, *vl, config, interpret=backend == "interpret",
-                                        scale=scale)
+        out = prefill_kernel.prefill_attention(q, k, v, lengths, *vl, config, interpret=backend == "interpret",
+                                               scale=scale)
     return out, vl
