@@ -102,7 +102,12 @@ class HyQuantConfig:
 
     @property
     def rho_fraction(self) -> Fraction:
-        return Fraction(self.rho).limit_denominator(RHO_MAX_DENOMINATOR)
+        frac = Fraction(self.rho).limit_denominator(RHO_MAX_DENOMINATOR)
+        if frac == 0 and self.rho > 0:
+            # A positive rho below 1/20000 would round to 0 and silently disable VL;
+            # the docstring promises at least one token, so keep the smallest positive fraction.
+            frac = Fraction(1, RHO_MAX_DENOMINATOR)
+        return frac
 
     @property
     def flush_vl_count(self) -> int:
