@@ -33,7 +33,7 @@ from hyquant_jax.config import HyQuantConfig, num_vl_tokens
 from hyquant_jax.vti import max_vl_count, vertical_token_identification
 
 SLOT_ALIGN = 256  # low-bit slots are padded to a multiple of this (kernel tiling)
-VL_ALIGN = 16
+VL_ALIGN = 64  # VL capacity is padded to a multiple of this (kernel tile)
 
 
 @partial(

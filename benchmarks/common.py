@@ -1,0 +1,75 @@
+"""Shared helpers of the benchmark scripts: timing, environment record, JSON output."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+def environment() -> dict:
+    dev = jax.devices()[0]
+    return {
+        "device": dev.device_kind,
+        "platform": dev.platform,
+        "jax": jax.__version__,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0])] + sys.argv[1:]),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    }
+
+
+def sm_count(default: int = 132) -> int:
+    return int(getattr(jax.devices()[0], "core_count", 0) or default)
+
+
+def time_in_loop(fn, q, operands, iters: int, reps: int = 5) -> float:
+    """Median seconds per call of fn(q, *operands) inside a jitted fori_loop.
+
+    Each iteration's query depends on the previous output, so XLA can neither
+    hoist nor overlap the calls; dispatch gaps are excluded.
+    """
+
+    @jax.jit
+    def loop(q, operands):
+        def body(_, q):
+            out = fn(q, *operands)
+            return q + (1e-6 * out.astype(jnp.float32)).astype(q.dtype)
+
+        return lax.fori_loop(0, iters, body, q)
+
+    loop(q, operands).block_until_ready()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        loop(q, operands).block_until_ready()
+        times.append((time.perf_counter() - t0) / iters)
+    return statistics.median(times)
+
+
+def time_per_call(fn, q, operands, reps: int = 30) -> float:
+    """Median seconds of one jitted call from Python, with block_until_ready."""
+    jitted = jax.jit(fn)
+    jitted(q, *operands).block_until_ready()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jitted(q, *operands).block_until_ready()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def write_json(path: str, payload: dict) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=2)

@@ -1,0 +1,331 @@
+"""Decode attention kernel benchmark: hybrid K4V4 cache vs bf16 baselines, one process.
+
+For each case (same random inputs for every method):
+  hybrid   the Pallas HyQuant kernel over a HybridKVCache (K4V4, rho 5%, W 128)
+  cudnn    jax.nn.dot_product_attention(implementation="cudnn"), bf16 cache
+  pallas   jax.experimental.pallas.ops.gpu.decode_attention.gqa, bf16 cache
+  xla      plain jnp einsum/softmax, bf16 cache
+  kivi     uniform 4-bit cache (per-channel keys, per-token values) dequantized
+           to bf16, then the best of cudnn / xla attention
+Times: per call inside a jitted fori_loop (`loop_ms`) and per call from Python
+(`call_ms`). Bandwidth = bytes the method must read / loop time.
+
+Run on the GPU box from the repo root:
+  PYTHONPATH=. python benchmarks/decode_kernel.py --out $OUT [--sweep] [--graph-compare]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import subprocess
+import sys
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import hyquant_jax as hq  # noqa: E402
+from benchmarks.common import environment, sm_count, time_in_loop, time_per_call, write_json  # noqa: E402
+from hyquant_jax.decode_kernel import DecodeTuning, decode_attention as kernel_decode  # noqa: E402
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from jax.experimental.pallas.ops.gpu import decode_attention as pallas_decode  # noqa: E402
+
+CASES = [  # (name, batch, q_heads, kv_heads, head_dim, context)
+    ("qwen3-8b B1 1K", 1, 32, 8, 128, 1024),
+    ("qwen3-8b B1 4K", 1, 32, 8, 128, 4096),
+    ("qwen3-8b B1 8K", 1, 32, 8, 128, 8192),
+    ("qwen3-8b B1 16K", 1, 32, 8, 128, 16384),
+    ("qwen3-8b B1 32K", 1, 32, 8, 128, 32768),
+    ("qwen3-8b B1 128K", 1, 32, 8, 128, 131072),
+    ("qwen3-8b B16 32K", 16, 32, 8, 128, 32768),
+    ("smollm2 B1 8K", 1, 9, 3, 64, 8192),
+]
+SMOKE_CASES = [("smoke B2 1K", 2, 8, 2, 64, 1024)]  # --smoke: a CPU check that the script runs
+CONFIG = hq.HyQuantConfig(key_bits=4, value_bits=4, rho=0.05, window=128)
+
+
+@dataclasses.dataclass
+class Inputs:
+    q: jax.Array  # [B, Hq, D] bf16
+    k: jax.Array  # [B, S, Hkv, D] bf16 (layout of the bf16 baselines)
+    v: jax.Array
+    lengths: jax.Array
+    cache: hq.HybridKVCache
+    kivi: dict
+
+
+def make_inputs(batch, q_heads, kv_heads, head_dim, context, config, seed=0) -> Inputs:
+    kq, kk, kv = jax.random.split(jax.random.PRNGKey(seed), 3)
+    k = jax.random.normal(kk, (batch, kv_heads, context, head_dim), jnp.bfloat16)
+    v = jax.random.normal(kv, (batch, kv_heads, context, head_dim), jnp.bfloat16)
+    q_tail = jax.random.normal(kq, (batch, q_heads, config.window, head_dim), jnp.bfloat16)
+    lengths = jnp.full((batch,), context, jnp.int32)
+    cache = hq.freeze(k, v, lengths, q_tail, config, max_len=context + 256)
+    q = jax.random.normal(jax.random.fold_in(kq, 1), (batch, q_heads, head_dim), jnp.bfloat16)
+    kivi = kivi_quantize(k, v)
+    return Inputs(q, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), lengths, cache, kivi)
+
+
+# ----------------------------------------------------------------------------- baselines
+
+def cudnn_attention(q, k, v):
+    out = jax.nn.dot_product_attention(q[:, None], k, v, implementation="cudnn")
+    return out[:, 0]
+
+
+def xla_attention(q, k, v):
+    b, hq, d = q.shape
+    h = k.shape[2]
+    qg = q.reshape(b, h, hq // h, d).astype(jnp.float32) / math.sqrt(d)
+    s = jnp.einsum("bhgd,bshd->bhgs", qg, k, preferred_element_type=jnp.float32)
+    p = jax.nn.softmax(s, axis=-1)
+    return jnp.einsum("bhgs,bshd->bhgd", p.astype(v.dtype), v,
+                      preferred_element_type=jnp.float32).reshape(b, hq, d).astype(q.dtype)
+
+
+def pallas_attention(q, k, v, k_splits=16):
+    return pallas_decode.gqa(q, k, v, k_splits=k_splits)
+
+
+KIVI_GROUP = 64
+
+
+def kivi_quantize(k, v):
+    """Uniform 4-bit KIVI-style cache: keys per channel over 64-token groups, values per token."""
+    b, h, s, d = k.shape
+    pad = (-s) % KIVI_GROUP
+    kp = jnp.pad(k, ((0, 0), (0, 0), (0, pad), (0, 0))).reshape(b, h, -1, KIVI_GROUP, d)
+    kc, ks, kz = hq.quantize_channels(kp, 4)
+    vc, vs, vz = hq.quantize_tokens(v, 4, symmetric=False)
+    return dict(k_codes=hq.pack(kc.reshape(b, h, -1, d), 4), k_scale=ks, k_zero=kz,
+                v_codes=hq.pack(vc, 4), v_scale=vs, v_zero=vz)
+
+
+def kivi_attention(q, kivi, attend):
+    b, h, s, dp = kivi["v_codes"].shape
+    d = 2 * dp
+    kc = hq.unpack(kivi["k_codes"], 4).reshape(b, h, -1, KIVI_GROUP, d)
+    k = hq.dequantize_channels(kc, kivi["k_scale"], kivi["k_zero"]).reshape(b, h, -1, d)[:, :, :s]
+    v = hq.dequantize_tokens(hq.unpack(kivi["v_codes"], 4), kivi["v_scale"], kivi["v_zero"], 4)
+    k = jnp.swapaxes(k.astype(jnp.bfloat16), 1, 2)
+    v = jnp.swapaxes(v.astype(jnp.bfloat16), 1, 2)
+    return attend(q, k, v)
+
+
+def kivi_bytes(kivi) -> int:
+    return int(sum(x.size * x.dtype.itemsize for x in kivi.values()))
+
+
+# ----------------------------------------------------------------------------- measuring
+
+def loop_iters(context, batch):
+    return 2 if INTERPRET else int(max(20, min(400, 4e6 / (context * batch))))
+
+
+def measure(fn, q, operands, iters, reps):
+    try:
+        return {"loop_ms": 1e3 * time_in_loop(fn, q, operands, iters, reps),
+                "call_ms": 1e3 * time_per_call(fn, q, operands, reps=max(10, 3 * reps))}
+    except Exception as e:  # a baseline that cannot run this shape is reported, not fatal
+        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+
+
+INTERPRET = jax.default_backend() != "gpu"  # CPU smoke runs only
+
+
+def hybrid_fn(config, tuning):
+    return lambda q, cache: kernel_decode(q, cache, config, tuning=tuning, interpret=INTERPRET)[0]
+
+
+def check_hybrid(inp: Inputs, config, tuning) -> float:
+    ref, _ = hq.hybrid_decode_attention_reference(inp.q.astype(jnp.float32), inp.cache, config)
+    out, _ = kernel_decode(inp.q, inp.cache, config, tuning=tuning, interpret=INTERPRET)
+    out = np.asarray(out, np.float32)
+    if not np.all(np.isfinite(out)):
+        return float("nan")
+    return float(np.linalg.norm(out - np.asarray(ref)) / np.linalg.norm(np.asarray(ref)))
+
+
+def sweep(inp: Inputs, config, iters, reps, log) -> tuple[DecodeTuning, list]:
+    """Staged search over conversion / tile / warps / stages / splits at one shape."""
+    rows = []
+
+    def run(t: DecodeTuning):
+        try:
+            r = {"loop_ms": 1e3 * time_in_loop(hybrid_fn(config, t), inp.q, (inp.cache,), iters, reps)}
+        except Exception as e:
+            r = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+        rows.append({"tuning": dataclasses.asdict(t), **r})
+        log(f"    sweep {t}: {r}")
+        return r.get("loop_ms", float("inf"))
+
+    base = DecodeTuning(sm_count=sm_count())
+    best, best_ms = base, run(base)
+    for t in [dataclasses.replace(base, convert=c, pages_per_tile=p) for c in ("magic", "cast") for p in (1, 2, 4)]:
+        if t != base and (ms := run(t)) < best_ms:
+            best, best_ms = t, ms
+    for w, s in [(4, 3), (4, 4), (8, 2), (8, 3)]:
+        t = dataclasses.replace(best, num_warps=w, num_stages=s)
+        if (ms := run(t)) < best_ms:
+            best, best_ms = t, ms
+    from hyquant_jax.decode_kernel import decode_layout
+    n_low = decode_layout(inp.cache, config, inp.q.shape[1], best).n_low
+    for n in (max(1, n_low // 2), n_low * 2):
+        t = dataclasses.replace(best, n_low=n)
+        if (ms := run(t)) < best_ms:
+            best, best_ms = t, ms
+    return best, rows
+
+
+def run_case(name, batch, q_heads, kv_heads, head_dim, context, tuning, reps, log, schemes=False):
+    inp = make_inputs(batch, q_heads, kv_heads, head_dim, context, CONFIG)
+    iters = loop_iters(context, batch)
+    bf16_bytes = batch * context * kv_heads * head_dim * 2 * 2
+    hybrid_bytes = int(np.sum(inp.cache.used_bytes(CONFIG)))
+    row = {"case": name, "batch": batch, "heads": [q_heads, kv_heads], "head_dim": head_dim, "context": context,
+           "tuning": dataclasses.asdict(tuning), "bytes": {"bf16": bf16_bytes, "hybrid": hybrid_bytes,
+                                                          "kivi4": kivi_bytes(inp.kivi)}}
+    row["hybrid_rel_err_vs_reference"] = check_hybrid(inp, CONFIG, tuning)
+    bf16_ops = (inp.q, (inp.k, inp.v))
+    row["hybrid"] = measure(hybrid_fn(CONFIG, tuning), inp.q, (inp.cache,), iters, reps)
+    row["cudnn"] = measure(cudnn_attention, *bf16_ops, iters, reps)
+    row["xla"] = measure(xla_attention, *bf16_ops, iters, reps)
+    pallas = [measure(lambda q, k, v, s=s: pallas_attention(q, k, v, s), *bf16_ops, iters, reps) for s in (16, 64)]
+    row["pallas"] = min(pallas, key=lambda r: r.get("loop_ms", float("inf")))
+    kivi_attend = cudnn_attention if "loop_ms" in row["cudnn"] else xla_attention
+    row["kivi4"] = measure(lambda q, kv: kivi_attention(q, kv, kivi_attend), inp.q, (inp.kivi,), iters, reps)
+    if schemes:
+        for scheme in ("token_asym", "channel_key"):
+            cfg = dataclasses.replace(CONFIG, scheme=scheme)
+            sinp = make_inputs(batch, q_heads, kv_heads, head_dim, context, cfg)
+            row[f"hybrid_{scheme}"] = measure(hybrid_fn(cfg, tuning), sinp.q, (sinp.cache,), iters, reps)
+            row[f"hybrid_{scheme}"]["bytes"] = int(np.sum(sinp.cache.used_bytes(cfg)))
+            row[f"hybrid_{scheme}"]["rel_err_vs_reference"] = check_hybrid(sinp, cfg, tuning)
+    best = min((row[m]["loop_ms"], m) for m in ("cudnn", "xla", "pallas") if "loop_ms" in row[m])
+    row["best_bf16"] = best[1]
+    for m in ("hybrid", "kivi4"):
+        if "loop_ms" in row[m]:
+            row[m]["speedup_vs_best_bf16"] = best[0] / row[m]["loop_ms"]
+    for m, nbytes in (("hybrid", hybrid_bytes), ("cudnn", bf16_bytes), ("xla", bf16_bytes), ("pallas", bf16_bytes)):
+        if "loop_ms" in row[m]:
+            row[m]["tb_per_s"] = nbytes / (row[m]["loop_ms"] * 1e-3) / 1e12
+    del inp
+    return row
+
+
+def read_bandwidth(n: int) -> float:
+    """Measured HBM read bandwidth (TB/s): a reduction that reads n bf16 values once (2 GiB on the GPU)."""
+    x = jax.random.normal(jax.random.PRNGKey(0), (n,), jnp.bfloat16)
+    fn = jax.jit(lambda x: jnp.sum(x, dtype=jnp.float32))
+    fn(x).block_until_ready()
+    import time
+    ts = []
+    for _ in range(10):
+        t0 = time.perf_counter()
+        fn(x).block_until_ready()
+        ts.append(time.perf_counter() - t0)
+    return x.size * 2 / float(np.median(ts)) / 1e12
+
+
+def table(rows) -> str:
+    lines = [f"{'case':<20} {'hybrid':>9} {'cudnn':>9} {'pallas':>9} {'xla':>9} {'kivi4':>9} {'speedup':>8} "
+             f"{'hyb TB/s':>9} {'err':>8}"]
+    for r in rows:
+        def ms(m):
+            return f"{r[m]['loop_ms']:.4f}" if "loop_ms" in r[m] else "n/a"
+        sp = r["hybrid"].get("speedup_vs_best_bf16", float("nan"))
+        lines.append(f"{r['case']:<20} {ms('hybrid'):>9} {ms('cudnn'):>9} {ms('pallas'):>9} {ms('xla'):>9} "
+                     f"{ms('kivi4'):>9} {sp:>7.2f}x {r['hybrid'].get('tb_per_s', float('nan')):>9.2f} "
+                     f"{r['hybrid_rel_err_vs_reference']:>8.1e}")
+    return "\n".join(lines)
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    b1 = [r for r in rows if r["batch"] == 1 and r["heads"] == [32, 8]]
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    ctx = [r["context"] for r in b1]
+    for m in ("hybrid", "cudnn", "pallas", "xla", "kivi4"):
+        ax[0].plot(ctx, [r[m].get("loop_ms", np.nan) for r in b1], marker="o", label=m)
+    ax[0].set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="ms per call (jitted loop)",
+              title="Decode attention, Qwen3-8B heads, B=1")
+    ax[0].legend()
+    ax[1].bar([r["case"] for r in rows], [r["hybrid"].get("speedup_vs_best_bf16", np.nan) for r in rows])
+    ax[1].axhline(3.0, color="r", ls="--", label="target 3x")
+    ax[1].set(ylabel="speedup vs best bf16", title="HyQuant kernel speedup")
+    ax[1].tick_params(axis="x", rotation=60)
+    ax[1].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="benchmarks/results", help="directory for the JSON and the plot")
+    p.add_argument("--name", default="decode_kernel_h200", help="file stem of the outputs")
+    p.add_argument("--cases", default="", help="comma-separated substrings selecting cases (default: all)")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--sweep", action="store_true", help="tune the kernel at B1 32K and B16 32K first")
+    p.add_argument("--smoke", action="store_true", help="tiny case only (CPU check of the script)")
+    p.add_argument("--graph-compare", action="store_true",
+                   help="re-run B1 cases in a subprocess with Triton kernels allowed in CUDA graphs")
+    args = p.parse_args(argv)
+    log = lambda s: print(s, flush=True)  # noqa: E731
+    env = environment()
+    log(f"{env}")
+    selected = [c for c in (SMOKE_CASES if args.smoke else CASES) if not args.cases or any(s.strip() in c[0] for s in args.cases.split(","))]
+    result = {"env": env, "config": dataclasses.asdict(CONFIG),
+              "read_bandwidth_tb_s": read_bandwidth(1 << 22 if args.smoke else 1 << 30)}
+    log(f"read bandwidth {result['read_bandwidth_tb_s']:.2f} TB/s")
+
+    tunings = {}
+    if args.sweep:
+        result["sweep"] = {}
+        shapes = [("B1 1K smoke", 1, 8, 2, 64, 1024)] if args.smoke else [
+            ("B1 32K", 1, 32, 8, 128, 32768), ("B16 32K", 16, 32, 8, 128, 32768)]
+        for name, b, hq_, hkv, d, s in shapes:
+            inp = make_inputs(b, hq_, hkv, d, s, CONFIG)
+            best, rows = sweep(inp, CONFIG, 2 if args.smoke else loop_iters(s, b), 3, log)
+            tunings[b] = best
+            result["sweep"][name] = {"best": dataclasses.asdict(best), "rows": rows}
+            del inp
+    rows = []
+    for name, b, hq_, hkv, d, s in selected:
+        tuning = tunings.get(1 if b < 8 else 16, DecodeTuning(sm_count=sm_count()))
+        log(f"case {name} ...")
+        rows.append(run_case(name, b, hq_, hkv, d, s, tuning, args.reps, log, schemes=(name == "qwen3-8b B1 32K")))
+        log(f"  {rows[-1]}")
+    result["cases"] = rows
+    if args.graph_compare:
+        env_vars = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
+                                               " --legacy_command_buffer_custom_call_targets=__gpu$xla.gpu.triton"))
+        sub = [sys.executable, __file__, "--out", args.out, "--name", args.name + "_cudagraph",
+               "--cases", "B1 1K,B1 4K,B1 32K", "--reps", str(args.reps)]
+        log("graph compare: " + " ".join(sub))
+        subprocess.run(sub, env=env_vars, check=False)
+        import json
+        try:
+            with open(os.path.join(args.out, args.name + "_cudagraph.json")) as f:
+                result["cuda_graph_flag"] = json.load(f)["cases"]
+        except OSError as e:
+            result["cuda_graph_flag"] = {"error": str(e)}
+    write_json(os.path.join(args.out, args.name + ".json"), result)
+    try:
+        plot(rows, os.path.join(args.out, args.name + ".png"))
+    except Exception as e:  # plotting must not lose the measurements
+        log(f"plot failed: {e}")
+    log(table(rows))
+
+
+if __name__ == "__main__":
+    main()

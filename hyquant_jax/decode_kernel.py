@@ -1,0 +1,139 @@
+"""Glue between `HybridKVCache` and the Pallas decode kernel (`pallas_kernels.decode`).
+
+Unpacks the cache into the arrays the kernel takes, picks the launch shape
+(splits, tile) and merges the per-split results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+from hyquant_jax.cache import HybridKVCache, check_cache
+from hyquant_jax.config import HyQuantConfig
+from pallas_kernels.decode import DecodeLayout, hybrid_decode_splits, merge_splits
+
+H200_SMS = 132
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeTuning:
+    """Launch knobs; None means the heuristic picks.
+
+    n_low: splits over the low-bit region; n_vl: splits over the VL region;
+    pages_per_tile: pages scanned per loop iteration (token schemes only);
+    convert: "magic" (bf16 from bit patterns) or "cast" (int -> float).
+    """
+
+    n_low: int | None = None
+    n_vl: int | None = None
+    pages_per_tile: int | None = None
+    convert: str = "magic"
+    num_warps: int = 4
+    num_stages: int = 2
+    sm_count: int = H200_SMS
+
+
+def _pow2_floor(x: int) -> int:
+    return 1 << (max(1, x).bit_length() - 1)
+
+
+def _largest_pow2_divisor(n: int, cap: int) -> int:
+    t = cap
+    while n % t:
+        t //= 2
+    return t
+
+
+def _modes(config: HyQuantConfig):
+    if config.key_bits == 16:
+        key_mode = "raw"
+    elif config.scheme == "channel_key":
+        key_mode = "channel"
+    else:
+        key_mode = "sym" if config.scheme == "token_sym" else "asym"
+    if config.value_bits == 16:
+        value_mode = "raw"
+    else:
+        value_mode = "sym" if config.scheme == "token_sym" else "asym"
+    return key_mode, value_mode
+
+
+def decode_layout(cache: HybridKVCache, config: HyQuantConfig, q_heads: int,
+                  tuning: DecodeTuning = DecodeTuning()) -> DecodeLayout:
+    """Static kernel layout for this cache shape, config and tuning."""
+    b, h, d = cache.batch, cache.num_kv_heads, cache.head_dim
+    group = q_heads // h
+    key_mode, value_mode = _modes(config)
+    channel_group = config.group_size or d
+    for mode, bits in ((key_mode, config.key_bits), (value_mode, config.value_bits)):
+        if mode in ("sym", "asym") and channel_group < 16:
+            raise NotImplementedError(
+                f"the Pallas decode kernel needs group_size >= 16 (dot operands of >= 16 channels); "
+                f"got group_size={config.group_size}; use backend='reference'"
+            )
+    if d not in (64, 128, 256):
+        raise NotImplementedError(f"the Pallas decode kernel supports head_dim 64, 128, 256; got {d}")
+    num_pages = cache.page_count.shape[1]
+    ppt = tuning.pages_per_tile
+    if ppt is None:
+        ppt = max(1, 128 // config.block_size)
+    if key_mode == "channel":
+        ppt = 1  # one per-channel key scale per page: one page per matmul
+    ppt = min(ppt, num_pages)
+    if num_pages % ppt:
+        ppt = 1
+    n_low = tuning.n_low or max(1, min(_pow2_floor(4 * tuning.sm_count // (b * h)), num_pages // ppt))
+    n_vl = tuning.n_vl or max(1, n_low // 4)
+    vl_tile = _largest_pow2_divisor(cache.vl_capacity, 64)
+    ring_size = config.ring_size
+    return DecodeLayout(
+        kv_heads=h, group=group, rows=max(16, 1 << math.ceil(math.log2(group))), head_dim=d,
+        key_bits=config.key_bits, value_bits=config.value_bits, key_mode=key_mode, value_mode=value_mode,
+        key_group=channel_group, value_group=channel_group, block=config.block_size, pages_per_tile=ppt,
+        n_low=n_low, n_vl=n_vl, vl_tile=vl_tile, ring_tile=_largest_pow2_divisor(ring_size, 64),
+        ring_size=ring_size, convert=tuning.convert,
+    )
+
+
+def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, interpret: bool = False,
+                     scale: float | None = None, tuning: DecodeTuning = DecodeTuning()):
+    """Hybrid decode attention through the Pallas kernel.
+
+    q: [B, Hq, D]. Returns (out [B, Hq, D] in q.dtype, lse float32 [B, Hq]).
+    """
+    b, hq, d = q.shape
+    if b != cache.batch or d != cache.head_dim or hq % cache.num_kv_heads:
+        raise ValueError(
+            f"q must be [B, Hq, D] with B={cache.batch}, D={cache.head_dim} and Hq a multiple of "
+            f"{cache.num_kv_heads}, got {q.shape}"
+        )
+    check_cache(cache, config)
+    lay = decode_layout(cache, config, hq, tuning)
+    return _run(q, cache, lay, scale if scale is not None else 1.0 / math.sqrt(d), tuning.num_warps,
+                tuning.num_stages, interpret)
+
+
+@jax.jit(static_argnames=("lay", "scale", "num_warps", "num_stages", "interpret"))
+def _run(q, cache: HybridKVCache, lay: DecodeLayout, scale, num_warps, num_stages, interpret):
+    b, hq, d = q.shape
+    h = lay.kv_heads
+    qg = (q.astype(jnp.float32) * scale).reshape(b, h, lay.group, d)
+    qg = jnp.pad(qg, ((0, 0), (0, 0), (0, lay.rows - lay.group), (0, 0))).astype(jnp.bfloat16)
+    unused = jnp.zeros((1,), jnp.bfloat16)
+    o, m, l = hybrid_decode_splits(
+        qg, cache.k_codes,
+        unused if cache.k_scale is None else cache.k_scale,
+        unused if cache.k_zero is None else cache.k_zero,
+        cache.v_codes,
+        unused if cache.v_scale is None else cache.v_scale,
+        unused if cache.v_zero is None else cache.v_zero,
+        cache.page_count, cache.num_pages, cache.vl_k, cache.vl_v, cache.num_vl,
+        cache.ring_k, cache.ring_v, cache.ring_start, cache.ring_len,
+        lay=lay, num_warps=num_warps, num_stages=num_stages, interpret=interpret,
+    )
+    out, lse = merge_splits(o, m, l, lay.group)
+    return out.astype(q.dtype), lse

@@ -1,0 +1,323 @@
+"""Pallas GPU (Triton) kernel: decode attention over a hybrid low-bit + bf16 KV cache.
+
+One query token per sequence attends to three key sets of one KV head:
+
+* a paged low-bit region (2/4/8-bit packed codes, or raw 16-bit), scanned in
+  tiles and dequantized in registers: the key scale multiplies the logits, the
+  value scale is folded into the probabilities, so no dequantized copy of the
+  cache is ever written;
+* a full-precision vertical-line (VL) region;
+* a full-precision window ring.
+
+Grid: (batch * kv_heads, splits). The query heads of one KV head (its GQA
+group) are the rows of every matmul, padded to `rows` >= 16, so each K/V
+tile is read from HBM once per group. Splits [0, n_low) share the used pages
+of the low-bit region, splits [n_low, n_low + n_vl) share the VL tokens and
+the last split scans the ring. Each split writes its unnormalized output,
+running max and denominator; `merge_splits` combines them by log-sum-exp.
+
+Packed layout (see hyquant_jax/quant.py): with n = 8 // bits codes per byte
+and Dp = D // n bytes per row, code j of byte i is dim j * Dp + i, in bits
+[j*bits, (j+1)*bits). A loaded byte tile therefore unpacks into n contiguous
+slices of dims with shifts and masks only (no in-register slicing, which
+Triton cannot lower).
+
+Code -> float conversion ("magic"): for codes u < 128, the bf16 with bits
+0x4300 | u is exactly 128 + u, built with integer OR instead of an int->float
+conversion instruction. Dots then see 128 + u; the 128 * sum(...) excess is
+removed per row with sums computed once per tile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+NEG_INIT = -1e30  # running-max start: finite, so empty tiles never give inf - inf
+MAGIC = 128.0
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeLayout:
+    """Static description of the cache arrays and the launch (hashable).
+
+    key_mode: "sym" | "asym" | "channel" | "raw"; value_mode: "sym" | "asym" | "raw".
+    key_group / value_group: channels per per-token scale (ignored for raw / channel).
+    """
+
+    kv_heads: int
+    group: int  # real query rows per KV head
+    rows: int  # padded rows (power of two, >= 16)
+    head_dim: int
+    key_bits: int
+    value_bits: int
+    key_mode: str
+    value_mode: str
+    key_group: int
+    value_group: int
+    block: int  # page size in slots
+    pages_per_tile: int
+    n_low: int
+    n_vl: int
+    vl_tile: int
+    ring_tile: int
+    ring_size: int
+    convert: str  # "magic" or "cast"
+
+    @property
+    def num_splits(self) -> int:
+        return self.n_low + self.n_vl + 1
+
+
+def _parts(bits: int, head_dim: int, group: int, mode: str):
+    """Static list of (byte_col0, width, shift, dim0, group_index) slices of a packed row.
+
+    Each slice is loaded as a [tile, width] byte block; shifting by `shift` and
+    masking gives the codes of dims [dim0, dim0 + width), all in one scale group.
+    """
+    if mode == "raw":
+        return [(0, head_dim, 0, 0, 0)]
+    n = 8 // bits
+    dp = head_dim // n
+    width = dp if mode == "channel" else min(dp, group)
+    out = []
+    for c in range(dp // width):
+        for j in range(n):
+            dim0 = j * dp + c * width
+            out.append((c * width, width, j * bits, dim0, dim0 // group if mode != "channel" else 0))
+    return out
+
+
+def _to_float(u, bits: int, convert: str, dtype):
+    """uint8 codes -> float tile: 128 + u ("magic", bits < 8) or u ("cast")."""
+    if convert == "magic" and bits < 8:
+        return lax.bitcast_convert_type(u.astype(jnp.uint16) | jnp.uint16(0x4300), jnp.bfloat16).astype(dtype)
+    return u.astype(dtype)
+
+
+def _excess(bits: int, convert: str) -> float:
+    return MAGIC if convert == "magic" and bits < 8 else 0.0
+
+
+def _dot_t(a, b):
+    """a [M, K] . b[N, K]^T -> float32 [M, N]."""
+    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+def _dot(a, b):
+    """a [M, K] . b [K, N] -> float32 [M, N]."""
+    return lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+def _softmax_update(s, m_prev, l_prev):
+    """Online softmax step for logits s [R, T] (invalid = -inf)."""
+    m_new = jnp.maximum(m_prev, jnp.max(s, axis=1))
+    alpha = jnp.exp(m_prev - m_new)
+    p = jnp.exp(s - m_new[:, None])
+    return p, m_new, alpha, alpha * l_prev + jnp.sum(p, axis=1)
+
+
+def _store_split(o_ref, m_ref, l_ref, b, h, split, accs, m, l, lay: DecodeLayout):
+    row_ok = lax.broadcasted_iota(jnp.int32, (lay.rows,), 0) < lay.group
+    for (dim0, width), acc in accs:
+        plgpu.store(o_ref.at[b, h, split, :, pl.ds(dim0, width)], acc, mask=row_ok[:, None])
+    plgpu.store(m_ref.at[b, h, split, :], jnp.where(l > 0, m, -jnp.inf), mask=row_ok)
+    plgpu.store(l_ref.at[b, h, split, :], l, mask=row_ok)
+
+
+def _kernel(
+    num_pages_ref, page_count_ref, num_vl_ref, ring_start_ref, ring_len_ref,
+    q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, vlk_ref, vlv_ref, rk_ref, rv_ref,
+    o_ref, m_ref, l_ref, *, lay: DecodeLayout,
+):
+    bh, split = pl.program_id(0), pl.program_id(1)
+    b, h = bh // lay.kv_heads, bh % lay.kv_heads
+    rows, d = lay.rows, lay.head_dim
+    m0 = jnp.full((rows,), NEG_INIT, jnp.float32)
+    l0 = jnp.zeros((rows,), jnp.float32)
+
+    @pl.when(split < lay.n_low)
+    def _low_bit():
+        _low_bit_split(num_pages_ref, page_count_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref,
+                       o_ref, m_ref, l_ref, b, h, split, m0, l0, lay)
+
+    def full_precision(k_ref, v_ref, count_fn, tile, num_tiles_fn, first_fn, split_out):
+        q = q_ref[b, h, :, :].astype(jnp.bfloat16)
+        acc0 = jnp.zeros((rows, d), jnp.float32)
+
+        def body(i, carry):
+            m, l, acc = carry
+            start = first_fn() + i * tile
+            idx = start + lax.broadcasted_iota(jnp.int32, (tile,), 0)
+            valid = count_fn(idx)
+            k = k_ref[b, h, pl.ds(start, tile), :].astype(jnp.bfloat16)
+            s = jnp.where(valid[None, :], _dot_t(q, k), -jnp.inf)
+            p, m, alpha, l = _softmax_update(s, m, l)
+            v = v_ref[b, h, pl.ds(start, tile), :].astype(jnp.bfloat16)
+            acc = alpha[:, None] * acc + _dot(p.astype(jnp.bfloat16), v)
+            return m, l, acc
+
+        m, l, acc = lax.fori_loop(0, num_tiles_fn(), body, (m0, l0, acc0))
+        _store_split(o_ref, m_ref, l_ref, b, h, split_out, [((0, d), acc)], m, l, lay)
+
+    @pl.when((split >= lay.n_low) & (split < lay.n_low + lay.n_vl))
+    def _vl():
+        j = split - lay.n_low
+        count = num_vl_ref[b]
+        per = _round_up(pl.cdiv(count, lay.n_vl), lay.vl_tile)
+        t0 = j * per
+        t1 = jnp.minimum(t0 + per, count)
+        full_precision(vlk_ref, vlv_ref, lambda idx: idx < t1, lay.vl_tile,
+                       lambda: pl.cdiv(jnp.maximum(t1 - t0, 0), lay.vl_tile), lambda: t0, split)
+
+    @pl.when(split == lay.n_low + lay.n_vl)
+    def _ring():
+        start, length = ring_start_ref[b], ring_len_ref[b]
+        full_precision(rk_ref, rv_ref, lambda idx: (idx - start + lay.ring_size) % lay.ring_size < length,
+                       lay.ring_tile, lambda: lay.ring_size // lay.ring_tile, lambda: 0, split)
+
+
+def _round_up(x, m):
+    return (x + m - 1) // m * m
+
+
+def _low_bit_split(num_pages_ref, page_count_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref,
+                   o_ref, m_ref, l_ref, b, h, split, m0, l0, lay: DecodeLayout):
+    rows = lay.rows
+    ppt = lay.pages_per_tile
+    tile = ppt * lay.block
+    key_parts = _parts(lay.key_bits, lay.head_dim, lay.key_group, lay.key_mode)
+    value_parts = _parts(lay.value_bits, lay.head_dim, lay.value_group, lay.value_mode)
+    k_excess = _excess(lay.key_bits, lay.convert)
+    v_excess = _excess(lay.value_bits, lay.convert)
+    k_half = 2.0 ** (lay.key_bits - 1) if lay.key_mode == "sym" else 0.0
+    v_half = 2.0 ** (lay.value_bits - 1) if lay.value_mode == "sym" else 0.0
+    kmask = (1 << lay.key_bits) - 1 if lay.key_mode != "raw" else 0
+    vmask = (1 << lay.value_bits) - 1 if lay.value_mode != "raw" else 0
+
+    # Query slices (one per key part), and their row sums for the offset terms.
+    q_parts = [q_ref[b, h, :, pl.ds(dim0, width)].astype(jnp.float32) for (_, width, _, dim0, _) in key_parts]
+    q_sums = [jnp.sum(x, axis=1) for x in q_parts]
+    q_dots = [x.astype(jnp.bfloat16) for x in q_parts]
+
+    pages = num_pages_ref[b]
+    per = _round_up(pl.cdiv(pages, lay.n_low), ppt)
+    p0 = split * per
+    p1 = jnp.minimum(p0 + per, pages)
+    n_iter = pl.cdiv(jnp.maximum(p1 - p0, 0), ppt)
+
+    slot = lax.broadcasted_iota(jnp.int32, (tile,), 0)
+    slot_page, slot_within = slot // lay.block, slot % lay.block
+    accs0 = [jnp.zeros((rows, width), jnp.float32) for (_, width, _, _, _) in value_parts]
+
+    def body(i, carry):
+        m, l, accs = carry
+        page = p0 + i * ppt
+        t0 = page * lay.block
+        count = jnp.zeros((tile,), jnp.int32)
+        for k in range(ppt):  # tokens held by each page of the tile
+            count = jnp.where(slot_page == k, page_count_ref[b, page + k], count)
+        valid = (slot_within < count) & (page + slot_page < p1)
+
+        s = jnp.zeros((rows, tile), jnp.float32)
+        loaded = {}
+        for (col0, width, shift, dim0, grp), qd, qf, qs in zip(key_parts, q_dots, q_parts, q_sums):
+            if lay.key_mode == "raw":
+                k = kc_ref[b, h, pl.ds(t0, tile), :].astype(jnp.bfloat16)
+                s = s + _dot_t(qd, k)
+                continue
+            if col0 not in loaded:
+                loaded[col0] = kc_ref[b, h, pl.ds(t0, tile), pl.ds(col0, width)]
+            u = (loaded[col0] >> shift) & kmask if shift or kmask != 255 else loaded[col0]
+            kf = _to_float(u, lay.key_bits, lay.convert, jnp.bfloat16)
+            if lay.key_mode == "channel":
+                sc = ks_ref[b, h, page, pl.ds(dim0, width)].astype(jnp.float32)
+                zc = kz_ref[b, h, page, pl.ds(dim0, width)].astype(jnp.float32)
+                qq = (qf * sc[None, :]).astype(jnp.bfloat16)
+                bias = jnp.sum(qf * zc[None, :], axis=1) - k_excess * jnp.sum(qq.astype(jnp.float32), axis=1)
+                s = s + _dot_t(qq, kf) + bias[:, None]
+            else:
+                sc = ks_ref[b, h, pl.ds(t0, tile), grp].astype(jnp.float32)
+                raw = _dot_t(qd, kf) - (k_excess + k_half) * qs[:, None]
+                s = s + sc[None, :] * raw
+                if lay.key_mode == "asym":
+                    zc = kz_ref[b, h, pl.ds(t0, tile), grp].astype(jnp.float32)
+                    s = s + zc[None, :] * qs[:, None]
+        s = jnp.where(valid[None, :], s, -jnp.inf)
+        p, m, alpha, l = _softmax_update(s, m, l)
+
+        new_accs = []
+        loaded = {}
+        for (col0, width, shift, dim0, grp), acc in zip(value_parts, accs):
+            if lay.value_mode == "raw":
+                v = vc_ref[b, h, pl.ds(t0, tile), :].astype(jnp.bfloat16)
+                new_accs.append(alpha[:, None] * acc + _dot(p.astype(jnp.bfloat16), v))
+                continue
+            if col0 not in loaded:
+                loaded[col0] = vc_ref[b, h, pl.ds(t0, tile), pl.ds(col0, width)]
+            u = (loaded[col0] >> shift) & vmask if shift or vmask != 255 else loaded[col0]
+            vf = _to_float(u, lay.value_bits, lay.convert, jnp.bfloat16)
+            sc = vs_ref[b, h, pl.ds(t0, tile), grp].astype(jnp.float32)
+            pp = (p * sc[None, :]).astype(jnp.bfloat16)
+            corr = (v_excess + v_half) * jnp.sum(pp.astype(jnp.float32), axis=1)
+            if lay.value_mode == "asym":
+                zc = vz_ref[b, h, pl.ds(t0, tile), grp].astype(jnp.float32)
+                corr = corr - jnp.sum(p * zc[None, :], axis=1)
+            new_accs.append(alpha[:, None] * acc + _dot(pp, vf) - corr[:, None])
+        return m, l, new_accs
+
+    m, l, accs = lax.fori_loop(0, n_iter, body, (m0, l0, accs0))
+    dims = [(dim0, width) for (_, width, _, dim0, _) in value_parts]
+    _store_split(o_ref, m_ref, l_ref, b, h, split, list(zip(dims, accs)), m, l, lay)
+
+
+@functools.partial(jax.jit, static_argnames=("lay", "num_warps", "num_stages", "interpret"))
+def hybrid_decode_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_count, num_pages,
+                         vl_k, vl_v, num_vl, ring_k, ring_v, ring_start, ring_len, *,
+                         lay: DecodeLayout, num_warps: int = 4, num_stages: int = 2, interpret: bool = False):
+    """Run the kernel; returns per-split (o [B,H,NS,rows,D] f32, m, l [B,H,NS,rows] f32).
+
+    q: bf16 [B, H, rows, D] queries already multiplied by the softmax scale,
+    zero rows past `lay.group` (bf16 so the row sums used by the offset terms
+    are exact sums of what the matmuls see). Cache arrays as in `HybridKVCache`; unused scale /
+    zero arrays may be any small placeholder array (they are never read).
+    """
+    b, h, rows, d = q.shape
+    ns = lay.num_splits
+    out_shape = [
+        jax.ShapeDtypeStruct((b, h, ns, rows, d), jnp.float32),
+        jax.ShapeDtypeStruct((b, h, ns, rows), jnp.float32),
+        jax.ShapeDtypeStruct((b, h, ns, rows), jnp.float32),
+    ]
+    return pl.pallas_call(
+        functools.partial(_kernel, lay=lay),
+        grid=(b * h, ns),
+        out_shape=out_shape,
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="hyquant_decode",
+    )(num_pages, page_count, num_vl, ring_start, ring_len, q, k_codes, k_scale, k_zero, v_codes, v_scale,
+      v_zero, vl_k, vl_v, ring_k, ring_v)
+
+
+def merge_splits(o, m, l, group: int):
+    """Combine split results by log-sum-exp.
+
+    o [B, H, NS, rows, D], m, l [B, H, NS, rows] -> (out [B, H*group, D] f32, lse [B, H*group] f32).
+    Empty splits have m = -inf and l = 0; a sequence with no keys gets 0 and -inf.
+    """
+    o, m, l = o[:, :, :, :group], m[:, :, :, :group], l[:, :, :, :group]
+    peak = jnp.max(m, axis=2, keepdims=True)
+    peak = jnp.where(jnp.isfinite(peak), peak, 0.0)
+    w = jnp.exp(m - peak)  # -inf -> 0
+    denom = jnp.sum(w * l, axis=2)
+    out = jnp.sum(w[..., None] * o, axis=2) / jnp.where(denom > 0, denom, 1.0)[..., None]
+    lse = jnp.where(denom > 0, jnp.log(jnp.where(denom > 0, denom, 1.0)) + peak[:, :, 0], -jnp.inf)
+    b, h, g, d = out.shape
+    return out.reshape(b, h * g, d), lse.reshape(b, h * g)

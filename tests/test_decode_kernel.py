@@ -1,0 +1,140 @@
+"""The Pallas decode kernel against the jnp reference on the same hybrid cache.
+
+CPU: interpret mode on small shapes (CI). GPU (`pytest -m gpu`): the compiled
+kernel over the issue's grid of shapes.
+"""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hyquant_jax as hq
+from hyquant_jax.decode_kernel import DecodeTuning, decode_attention as kernel_decode
+
+
+def _cache(key, batch, q_heads, kv_heads, head_dim, lengths, config, appends=0, max_len=None, dtype=jnp.float32):
+    n = max(lengths)
+    ks = jax.random.split(key, 4 + appends)
+    q = jax.random.normal(ks[0], (batch, q_heads, n, head_dim), dtype)
+    k = jax.random.normal(ks[1], (batch, kv_heads, n, head_dim), dtype)
+    v = jax.random.normal(ks[2], (batch, kv_heads, n, head_dim), dtype)
+    lens = jnp.asarray(lengths, jnp.int32)
+    tail = hq.tail_queries(q, lens, config.window or config.block_size)
+    cache = hq.freeze(k, v, lens, tail, config, max_len=max_len or n + appends + 1)
+    for i in range(appends):
+        kn, vn = jax.random.normal(ks[4 + i], (2, batch, kv_heads, head_dim), dtype)
+        cache = hq.append(cache, kn, vn, config)
+        cache = hq.accumulate_ring_scores(cache, q[:, :, -1], jnp.zeros((batch, q_heads)), config)
+    qd = jax.random.normal(ks[3], (batch, q_heads, head_dim), dtype)
+    return qd, cache
+
+
+def _check(qd, cache, config, interpret, tol=1e-2, tuning=DecodeTuning()):
+    ref, ref_lse = hq.hybrid_decode_attention_reference(qd.astype(jnp.float32), cache, config)
+    out, lse = kernel_decode(qd, cache, config, interpret=interpret, tuning=tuning)
+    out = np.asarray(out, np.float32)
+    assert np.all(np.isfinite(out)) and out.shape == ref.shape
+    err = np.linalg.norm(out - np.asarray(ref)) / max(np.linalg.norm(np.asarray(ref)), 1e-30)
+    assert err < tol, f"relative error {err:.3g}"
+    finite = np.isfinite(np.asarray(ref_lse))
+    assert np.array_equal(finite, np.isfinite(np.asarray(lse)))
+    np.testing.assert_allclose(np.asarray(lse)[finite], np.asarray(ref_lse)[finite], atol=2e-2)
+    return err
+
+
+# ----------------------------------------------------------------- CPU interpret mode (CI)
+
+SMALL = dict(window=32, block_size=16, prefill_block=16)
+
+
+@pytest.mark.parametrize(
+    "scheme,key_bits,value_bits",
+    [("token_sym", 4, 4), ("token_asym", 2, 4), ("channel_key", 4, 2), ("token_sym", 8, 8),
+     ("token_asym", 16, 4), ("channel_key", 4, 16)],
+)
+def test_interpret_matches_reference(scheme, key_bits, value_bits):
+    config = hq.HyQuantConfig(scheme=scheme, key_bits=key_bits, value_bits=value_bits, **SMALL)
+    qd, cache = _cache(jax.random.PRNGKey(1), 2, 4, 2, 64, [150, 41], config, appends=20)
+    _check(qd, cache, config, interpret=True, tuning=DecodeTuning(n_low=2, n_vl=2))
+
+
+@pytest.mark.parametrize("convert,pages_per_tile", [("cast", 1), ("magic", 2)])
+def test_interpret_tile_and_convert_variants(convert, pages_per_tile):
+    config = hq.HyQuantConfig(group_size=32, **SMALL)
+    qd, cache = _cache(jax.random.PRNGKey(2), 1, 3, 1, 64, [200], config, appends=5)
+    _check(qd, cache, config, interpret=True,
+           tuning=DecodeTuning(n_low=3, n_vl=1, pages_per_tile=pages_per_tile, convert=convert))
+
+
+def test_interpret_short_and_empty_sequences():
+    """Lengths below W (no low-bit pages, no VL) and an empty sequence give no NaN."""
+    config = hq.HyQuantConfig(**SMALL)
+    qd, cache = _cache(jax.random.PRNGKey(3), 3, 2, 1, 64, [5, 31, 0], config, max_len=96)
+    ref, ref_lse = hq.hybrid_decode_attention_reference(qd, cache, config)
+    out, lse = kernel_decode(qd, cache, config, interpret=True)
+    assert np.all(np.isfinite(np.asarray(out)))
+    np.testing.assert_allclose(np.asarray(out)[:2], np.asarray(ref)[:2], rtol=2e-2, atol=2e-2)
+    assert np.all(np.asarray(out)[2] == 0) and np.all(np.isneginf(np.asarray(lse)[2]))
+
+
+def test_backend_dispatch_interpret():
+    config = hq.HyQuantConfig(**SMALL)
+    qd, cache = _cache(jax.random.PRNGKey(4), 1, 2, 1, 64, [100], config)
+    out, _ = hq.decode_attention(qd, cache, config, backend="interpret")
+    ref, _ = hq.decode_attention(qd, cache, config, backend="reference")
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=2e-2, atol=2e-2)
+    with pytest.raises(ValueError, match="backend"):
+        hq.decode_attention(qd, cache, config, backend="cuda")
+
+
+def test_unsupported_group_size_is_a_clear_error():
+    config = hq.HyQuantConfig(group_size=8, **SMALL)
+    qd, cache = _cache(jax.random.PRNGKey(5), 1, 2, 1, 64, [64], config)
+    with pytest.raises(NotImplementedError, match="group_size"):
+        kernel_decode(qd, cache, config, interpret=True)
+
+
+# ----------------------------------------------------------------- GPU: the compiled kernel
+
+GPU_HEADS = [(32, 8), (9, 3), (8, 8), (64, 8)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch,heads,head_dim", list(itertools.product([1, 3, 16], GPU_HEADS, [64, 128])))
+def test_gpu_shapes(batch, heads, head_dim):
+    config = hq.HyQuantConfig()
+    rng = np.random.default_rng(batch * 1000 + heads[0] * 10 + head_dim)
+    if batch == 1:
+        lengths = [int(rng.integers(1000, 3000))]
+    else:  # ragged, incl. lengths below W and non-powers of two
+        lengths = [int(x) for x in rng.integers(1, 2500, size=batch)]
+        lengths[0] = 77
+    qd, cache = _cache(jax.random.PRNGKey(batch + head_dim), batch, heads[0], heads[1], head_dim, lengths, config,
+                       appends=3, dtype=jnp.bfloat16)
+    _check(qd, cache, config, interpret=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "scheme,key_bits,value_bits,group_size,head_dim",
+    [("token_sym", 4, 4, None, 256), ("token_asym", 4, 4, 32, 128), ("token_asym", 2, 2, None, 128),
+     ("token_sym", 8, 8, None, 128), ("channel_key", 4, 4, None, 128), ("channel_key", 2, 4, None, 64),
+     ("token_asym", 4, 2, None, 64), ("token_sym", 16, 4, None, 128), ("channel_key", 4, 16, None, 128)],
+)
+def test_gpu_schemes_and_bits(scheme, key_bits, value_bits, group_size, head_dim):
+    config = hq.HyQuantConfig(scheme=scheme, key_bits=key_bits, value_bits=value_bits, group_size=group_size)
+    qd, cache = _cache(jax.random.PRNGKey(7), 2, 8, 2, head_dim, [3001, 1500], config, appends=70,
+                       dtype=jnp.bfloat16)
+    _check(qd, cache, config, interpret=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tuning", [DecodeTuning(convert="cast"), DecodeTuning(pages_per_tile=1, n_low=7),
+                                    DecodeTuning(pages_per_tile=4, num_warps=8, num_stages=3)])
+def test_gpu_tunings(tuning):
+    config = hq.HyQuantConfig()
+    qd, cache = _cache(jax.random.PRNGKey(8), 2, 32, 8, 128, [4097, 999], config, dtype=jnp.bfloat16)
+    _check(qd, cache, config, interpret=False, tuning=tuning)
