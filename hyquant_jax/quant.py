@@ -19,6 +19,7 @@ GPU kernel unpacks a row into n contiguous slices with shifts and masks only.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 PARAM_DTYPE = jnp.bfloat16
@@ -58,7 +59,10 @@ def unpack(packed: jnp.ndarray, bits: int) -> jnp.ndarray:
 
 
 def _round_param(x: jnp.ndarray) -> jnp.ndarray:
-    return x.astype(PARAM_DTYPE).astype(jnp.float32)
+    # reduce_precision, not .astype(bf16).astype(f32): XLA (xla_allow_excess_precision, on by
+    # default) may drop a convert round trip inside a fusion, so the codes would be computed
+    # against the unrounded parameter while the stored bf16 one is rounded.
+    return jax.lax.reduce_precision(x.astype(jnp.float32), exponent_bits=8, mantissa_bits=7)
 
 
 def _symmetric(x, bits, axis, valid):
