@@ -46,7 +46,10 @@ def softmax_attend(logits, mask, v):
     peak = jnp.where(jnp.isfinite(peak), peak, 0.0)
     p = jnp.where(mask, jnp.exp(logits - peak), 0.0)
     denom = p.sum(axis=-1)
-    out = jnp.einsum("bhgts,bhsd->bhgtd", p, v.astype(jnp.float32))
+    # Zero the values of keys no row may see (padding): 0 * NaN would leak into the output.
+    seen = jnp.any(jnp.broadcast_to(mask, logits.shape), axis=(2, 3))  # [B, H, S]
+    v = jnp.where(seen[..., None], v.astype(jnp.float32), 0.0)
+    out = jnp.einsum("bhgts,bhsd->bhgtd", p, v)
     out = out / jnp.where(denom > 0, denom, 1.0)[..., None]
     lse = jnp.where(denom > 0, jnp.log(jnp.where(denom > 0, denom, 1.0)) + peak[..., 0], -jnp.inf)
     return out, lse
