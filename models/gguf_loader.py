@@ -1,0 +1,208 @@
+"""Load llama-architecture GGUF files (llama.cpp's format) with the `gguf` package.
+
+Weights are dequantized to float32 on the host (Q4_0, Q4_1, Q8_0, F16, BF16,
+F32), then cast. llama.cpp's converter permutes the rows of Q and K so that
+its interleaved ("GPT-J") RoPE gives the same result as HF's rotate-half
+RoPE; we undo that permutation so our rotate-half RoPE applies unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from models.config import ModelConfig
+from models.transformer import Params, params_from_numpy
+
+SUPPORTED_ARCHITECTURES = ("llama",)
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+
+_LAYER_NAMES = {
+    "attn_q.weight": "q", "attn_k.weight": "k", "attn_v.weight": "v", "attn_output.weight": "o",
+    "attn_q.bias": "q_bias", "attn_k.bias": "k_bias", "attn_v.bias": "v_bias",
+    "attn_norm.weight": "attn_norm", "ffn_norm.weight": "mlp_norm",
+    "ffn_gate.weight": "gate", "ffn_up.weight": "up", "ffn_down.weight": "down",
+}
+_TOP_NAMES = {"token_embd.weight": "embed", "output_norm.weight": "final_norm", "output.weight": "lm_head"}
+
+
+def gguf_name(short: str) -> str:
+    """Short weight key (see `params_from_numpy`) -> GGUF tensor name."""
+    for k, v in _TOP_NAMES.items():
+        if v == short:
+            return k
+    layer, name = short.split(".", 1)
+    for k, v in _LAYER_NAMES.items():
+        if v == name:
+            return f"blk.{layer}.{k}"
+    raise ValueError(f"unknown weight key {short!r}")
+
+
+def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf Q/K row permutation: rotate-half -> interleaved pairs.
+
+    w: [n_head * head_dim, ...] (rows = output features).
+    """
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def llama_cpp_unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Inverse of `llama_cpp_permute`."""
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def open_gguf(path: str | Path):
+    """A `gguf.GGUFReader` for path, with a clear error for missing/invalid files."""
+    import gguf
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"GGUF file {path} does not exist")
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as e:  # the reader raises bare ValueErrors/struct errors on garbage
+        raise ValueError(f"{path} is not a readable GGUF file: {e}") from e
+
+
+def field(reader, key: str, default=None):
+    """Scalar, string or list value of a GGUF metadata key (default when absent)."""
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def gguf_config(reader, path: str | Path = "") -> ModelConfig:
+    """ModelConfig from GGUF metadata (llama architecture only)."""
+    arch = field(reader, "general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(f"{path}: general.architecture={arch!r} is not supported; supported: "
+                         f"{SUPPORTED_ARCHITECTURES}")
+
+    def need(key):
+        value = field(reader, f"{arch}.{key}")
+        if value is None:
+            raise ValueError(f"{path}: GGUF metadata has no {arch}.{key}")
+        return value
+
+    heads = int(need("attention.head_count"))
+    hidden = int(need("embedding_length"))
+    tokens = field(reader, "tokenizer.ggml.tokens")
+    vocab = field(reader, f"{arch}.vocab_size") or (len(tokens) if tokens else None)
+    if vocab is None:
+        vocab = _tensor(reader, "token_embd.weight").shape[1]
+    head_dim = int(field(reader, f"{arch}.attention.key_length", hidden // heads))
+    factors = None
+    if any(t.name == "rope_freqs.weight" for t in reader.tensors):
+        factors = tuple(float(x) for x in _dequantize(_tensor(reader, "rope_freqs.weight"), path))
+    scaling = field(reader, f"{arch}.rope.scaling.type", "none")
+    rope_type, rope_factor = "default", 1.0
+    if scaling == "linear":
+        rope_type, rope_factor = "linear", float(field(reader, f"{arch}.rope.scaling.factor", 1.0))
+    elif scaling not in ("none", None):
+        raise ValueError(f"{path}: {arch}.rope.scaling.type={scaling!r} is not supported")
+    eos = field(reader, "tokenizer.ggml.eos_token_id")
+    eot = field(reader, "tokenizer.ggml.eot_token_id")
+    eos_ids = tuple(dict.fromkeys(int(x) for x in (eos, eot) if x is not None))
+    bos = field(reader, "tokenizer.ggml.bos_token_id")
+    return ModelConfig(
+        architecture="llama",
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(need("feed_forward_length")),
+        num_layers=int(need("block_count")),
+        num_heads=heads,
+        num_kv_heads=int(field(reader, f"{arch}.attention.head_count_kv", heads)),
+        head_dim=head_dim,
+        rms_norm_eps=float(field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        rope_type=rope_type,
+        rope_factor=rope_factor,
+        rope_freq_factors=factors,
+        tie_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
+        qkv_bias=any(t.name == "blk.0.attn_q.bias" for t in reader.tensors),
+        max_position=int(field(reader, f"{arch}.context_length", 4096)),
+        bos_token_id=None if bos is None else int(bos),
+        eos_token_ids=eos_ids,
+    )
+
+
+def _tensor(reader, name):
+    for t in reader.tensors:
+        if t.name == name:
+            return t
+    raise KeyError(name)
+
+
+def _dequantize(t, path) -> np.ndarray:
+    """float32 array in numpy (row-major, torch) order: GGUF shape (ne0, ne1) -> [ne1, ne0]."""
+    from gguf import quants
+
+    kind = t.tensor_type.name
+    if kind not in SUPPORTED_TYPES:
+        raise ValueError(f"{path}: tensor {t.name} has type {kind}; supported: {SUPPORTED_TYPES}")
+    data = quants.dequantize(t.data, t.tensor_type)
+    return np.asarray(data, np.float32).reshape(tuple(int(n) for n in reversed(t.shape)))
+
+
+class _GGUFWeights(Mapping):
+    """Lazy mapping short name -> float32 numpy array (Q/K rows un-permuted)."""
+
+    def __init__(self, reader, config: ModelConfig, path, progress=None):
+        self._reader, self._config, self._path, self._progress = reader, config, path, progress
+        self._names = {}
+        for t in reader.tensors:
+            short = _short(t.name)
+            if short is not None:
+                self._names[short] = t
+
+    def __getitem__(self, key):
+        t = self._names[key]
+        w = _dequantize(t, self._path)
+        kind = key.split(".")[-1]
+        if kind in ("q", "q_bias"):
+            w = llama_cpp_unpermute(w, self._config.num_heads)
+        elif kind in ("k", "k_bias"):
+            w = llama_cpp_unpermute(w, self._config.num_kv_heads)
+        if self._progress is not None:
+            self._progress.update(1)
+        return w
+
+    def __contains__(self, key):
+        return key in self._names
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self):
+        return len(self._names)
+
+
+def _short(name: str) -> str | None:
+    if name in _TOP_NAMES:
+        return _TOP_NAMES[name]
+    parts = name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
+        return f"{parts[1]}.{_LAYER_NAMES[parts[2]]}"
+    return None
+
+
+def load_gguf(path: str | Path, dtype="bfloat16", progress: bool = False) -> tuple[ModelConfig, Params]:
+    """Config and weights of a llama-architecture GGUF file, weights cast to `dtype`."""
+    import jax.numpy as jnp
+
+    reader = open_gguf(path)
+    config = gguf_config(reader, path)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(reader.tensors), desc=f"loading {Path(path).name}", unit="tensor", leave=False)
+    try:
+        params = params_from_numpy(_GGUFWeights(reader, config, path, bar), config, jnp.dtype(dtype))
+    finally:
+        if bar is not None:
+            bar.close()
+    return config, params

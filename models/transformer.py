@@ -1,0 +1,269 @@
+"""Decoder-only transformer (Llama / Mistral / Qwen2 / Qwen3 / SmolLM2) as pure functions.
+
+Weights are registered-dataclass pytrees, one `LayerParams` per layer (a
+tuple, not a stacked array: each layer's cache is its own buffer, updated in
+place, and the layer loop is unrolled). `forward` runs one prefill chunk or
+one decode step; attention is delegated to an `Attention` implementation
+(`models.attention`) together with the per-layer states it updates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models.attention import Attention, DecodeContext, PrefillContext
+from models.config import ModelConfig
+from models.layers import apply_rope, rms_norm, rope_cos_sin, swiglu
+
+_LAYER_FIELDS = ["attn_norm", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "q_norm", "k_norm",
+                 "mlp_norm", "w_gate", "w_up", "w_down"]
+
+
+@partial(jax.tree_util.register_dataclass, data_fields=_LAYER_FIELDS, meta_fields=[])
+@dataclasses.dataclass(frozen=True)
+class LayerParams:
+    """One decoder layer. E hidden, F FFN width, Hq/Hkv heads, D head_dim.
+
+    attn_norm, mlp_norm: [E]. wq [E, Hq, D], wk, wv [E, Hkv, D], wo [Hq, D, E].
+    bq [Hq, D], bk, bv [Hkv, D]: q/k/v biases or None. q_norm, k_norm: [D] or
+    None. w_gate, w_up [E, F], w_down [F, E].
+    """
+
+    attn_norm: jax.Array
+    wq: jax.Array
+    wk: jax.Array
+    wv: jax.Array
+    wo: jax.Array
+    bq: jax.Array | None
+    bk: jax.Array | None
+    bv: jax.Array | None
+    q_norm: jax.Array | None
+    k_norm: jax.Array | None
+    mlp_norm: jax.Array
+    w_gate: jax.Array
+    w_up: jax.Array
+    w_down: jax.Array
+
+
+@partial(jax.tree_util.register_dataclass, data_fields=["embed", "layers", "final_norm", "lm_head"],
+         meta_fields=[])
+@dataclasses.dataclass(frozen=True)
+class Params:
+    """embed [V, E]; layers: tuple of LayerParams; final_norm [E]; lm_head [E, V] or None (tied)."""
+
+    embed: jax.Array
+    layers: tuple[LayerParams, ...]
+    final_norm: jax.Array
+    lm_head: jax.Array | None
+
+    @property
+    def dtype(self):
+        return self.embed.dtype
+
+    def nbytes(self) -> int:
+        return sum(x.nbytes for x in jax.tree_util.tree_leaves(self))
+
+
+def check_params(params: Params, config: ModelConfig) -> None:
+    """Raise ValueError if any weight's shape does not match the config."""
+    e, f, d = config.hidden_size, config.intermediate_size, config.head_dim
+    hq, hkv, v = config.num_heads, config.num_kv_heads, config.vocab_size
+    want = {"attn_norm": (e,), "wq": (e, hq, d), "wk": (e, hkv, d), "wv": (e, hkv, d), "wo": (hq, d, e),
+            "bq": (hq, d) if config.qkv_bias else None, "bk": (hkv, d) if config.qkv_bias else None,
+            "bv": (hkv, d) if config.qkv_bias else None,
+            "q_norm": (d,) if config.qk_norm else None, "k_norm": (d,) if config.qk_norm else None,
+            "mlp_norm": (e,), "w_gate": (e, f), "w_up": (e, f), "w_down": (f, e)}
+    if params.embed.shape != (v, e):
+        raise ValueError(f"params.embed has shape {params.embed.shape}, config needs {(v, e)}")
+    if len(params.layers) != config.num_layers:
+        raise ValueError(f"params has {len(params.layers)} layers, config.num_layers={config.num_layers}")
+    for i, layer in enumerate(params.layers):
+        for name, shape in want.items():
+            x = getattr(layer, name)
+            got = None if x is None else tuple(x.shape)
+            if got != shape:
+                raise ValueError(f"params.layers[{i}].{name} has shape {got}, config needs {shape}")
+    if params.final_norm.shape != (e,):
+        raise ValueError(f"params.final_norm has shape {params.final_norm.shape}, config needs {(e,)}")
+    head = None if params.lm_head is None else tuple(params.lm_head.shape)
+    if head != (None if config.tie_embeddings else (e, v)):
+        raise ValueError(f"params.lm_head has shape {head}; config.tie_embeddings={config.tie_embeddings} "
+                         f"needs {None if config.tie_embeddings else (e, v)}")
+
+
+def init_params(key: jax.Array, config: ModelConfig, dtype=jnp.bfloat16) -> Params:
+    """Random weights of the config's shapes (benchmarks and tests).
+
+    Linear weights ~ N(0, 1/fan_in), norms ~ 1 + N(0, 0.1^2), biases ~ N(0, 0.1^2);
+    scaled so activations stay O(1) through many layers.
+    """
+    e, f, d = config.hidden_size, config.intermediate_size, config.head_dim
+    hq, hkv = config.num_heads, config.num_kv_heads
+    depth = 1.0 / math.sqrt(2 * config.num_layers)
+
+    def normal(k, shape, std):
+        return (jax.random.normal(k, shape, jnp.float32) * std).astype(dtype)
+
+    def norm(k, n):
+        return (1.0 + 0.1 * jax.random.normal(k, (n,), jnp.float32)).astype(dtype)
+
+    keys = jax.random.split(key, config.num_layers + 3)
+    layers = []
+    for i in range(config.num_layers):
+        ks = jax.random.split(keys[i], 14)
+        layers.append(LayerParams(
+            attn_norm=norm(ks[0], e),
+            wq=normal(ks[1], (e, hq, d), 1 / math.sqrt(e)),
+            wk=normal(ks[2], (e, hkv, d), 1 / math.sqrt(e)),
+            wv=normal(ks[3], (e, hkv, d), 1 / math.sqrt(e)),
+            wo=normal(ks[4], (hq, d, e), depth / math.sqrt(hq * d)),
+            bq=normal(ks[5], (hq, d), 0.1) if config.qkv_bias else None,
+            bk=normal(ks[6], (hkv, d), 0.1) if config.qkv_bias else None,
+            bv=normal(ks[7], (hkv, d), 0.1) if config.qkv_bias else None,
+            q_norm=norm(ks[8], d) if config.qk_norm else None,
+            k_norm=norm(ks[9], d) if config.qk_norm else None,
+            mlp_norm=norm(ks[10], e),
+            w_gate=normal(ks[11], (e, f), 1 / math.sqrt(e)),
+            w_up=normal(ks[12], (e, f), 1 / math.sqrt(e)),
+            w_down=normal(ks[13], (f, e), depth / math.sqrt(f)),
+        ))
+    return Params(
+        embed=normal(keys[-3], (config.vocab_size, e), 1.0),
+        layers=tuple(layers),
+        final_norm=norm(keys[-2], e),
+        lm_head=None if config.tie_embeddings else normal(keys[-1], (e, config.vocab_size), 1 / math.sqrt(e)),
+    )
+
+
+def cast_params(params: Params, dtype) -> Params:
+    """All weights in `dtype`."""
+    return jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
+
+
+def _project(x, w, b):
+    """x [B, T, E] @ w [E, H, D] (+ b [H, D]) -> [B, H, T, D] (a 2-D matmul: fast on every backend)."""
+    e, h, d = w.shape
+    y = (x @ w.reshape(e, h * d)).reshape(x.shape[0], x.shape[1], h, d)
+    if b is not None:
+        y = y + b.astype(y.dtype)
+    return y.transpose(0, 2, 1, 3)
+
+
+def _attention_block(layer: LayerParams, i: int, x, cos, sin, state, ctx, config: ModelConfig,
+                     attention: Attention):
+    h = rms_norm(x, layer.attn_norm, config.rms_norm_eps)
+    q = _project(h, layer.wq, layer.bq)  # [B, Hq, T, D]
+    k = _project(h, layer.wk, layer.bk)
+    v = _project(h, layer.wv, layer.bv)
+    if config.qk_norm:
+        q = rms_norm(q, layer.q_norm, config.rms_norm_eps)
+        k = rms_norm(k, layer.k_norm, config.rms_norm_eps)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    if isinstance(ctx, DecodeContext):
+        out, state = attention.decode(i, q[:, :, 0], k[:, :, 0], v[:, :, 0], state, ctx)
+        out = out[:, :, None]
+    else:
+        out, state = attention.prefill(i, q, k, v, state, ctx)
+    b, hq, t, d = out.shape
+    merged = out.astype(x.dtype).transpose(0, 2, 1, 3).reshape(b, t, hq * d)
+    return merged @ layer.wo.reshape(hq * d, -1), state
+
+
+def token_positions(ctx: PrefillContext | DecodeContext, batch: int, t: int) -> jax.Array:
+    """int32 [B, T] positions of the tokens of this call."""
+    if isinstance(ctx, DecodeContext):
+        return ctx.positions[:, None].astype(jnp.int32)
+    return jnp.broadcast_to(ctx.offset + jnp.arange(t, dtype=jnp.int32), (batch, t))
+
+
+def forward(params: Params, tokens: jax.Array, ctx: PrefillContext | DecodeContext, states: tuple,
+            *, config: ModelConfig, attention: Attention, output_index: jax.Array | None = None):
+    """Run the model over one prefill chunk or one decode step.
+
+    tokens: int32 [B, T] (T = 1 for a DecodeContext); states: tuple of one
+    attention state per layer. output_index: optional int [B]; when given,
+    only the hidden state at tokens[b, output_index[b]] goes through the
+    output head.
+    Returns (logits float32 [B, T, V] or [B, V], new states).
+    """
+    b, t = tokens.shape
+    if len(states) != config.num_layers:
+        raise ValueError(f"states must hold one entry per layer ({config.num_layers}), got {len(states)}")
+    cos, sin = rope_cos_sin(token_positions(ctx, b, t), config)
+    x = params.embed[tokens]
+    new_states = []
+    for i, layer in enumerate(params.layers):
+        attn_out, state = _attention_block(layer, i, x, cos, sin, states[i], ctx, config, attention)
+        x = x + attn_out
+        x = x + swiglu(rms_norm(x, layer.mlp_norm, config.rms_norm_eps), layer.w_gate, layer.w_up, layer.w_down)
+        new_states.append(state)
+    if output_index is not None:
+        x = jnp.take_along_axis(x, jnp.clip(output_index, 0, t - 1)[:, None, None].astype(jnp.int32), axis=1)[:, 0]
+    return logits(params, x, config), tuple(new_states)
+
+
+def logits(params: Params, hidden: jax.Array, config: ModelConfig) -> jax.Array:
+    """Final RMSNorm and output head: hidden [..., E] -> float32 logits [..., V]."""
+    h = rms_norm(hidden, params.final_norm, config.rms_norm_eps)
+    if params.lm_head is None:
+        return jnp.einsum("...e,ve->...v", h, params.embed, preferred_element_type=jnp.float32)
+    return jnp.einsum("...e,ev->...v", h, params.lm_head, preferred_element_type=jnp.float32)
+
+
+def params_from_numpy(arrays: dict, config: ModelConfig, dtype) -> Params:
+    """Params from HF-convention numpy arrays keyed by short names (see loaders).
+
+    `arrays` is any mapping (a lazy one reads each weight when asked). Keys: "embed" [V, E], "final_norm" [E], optional "lm_head" [V, E], and per
+    layer i: f"{i}.q" [Hq*D, E], "k"/"v" [Hkv*D, E], "o" [E, Hq*D], optional
+    "q_bias"/"k_bias"/"v_bias", "q_norm"/"k_norm", "attn_norm", "mlp_norm",
+    "gate"/"up" [F, E], "down" [E, F] (torch Linear layout: [out, in]).
+    """
+    e, d = config.hidden_size, config.head_dim
+    hq, hkv = config.num_heads, config.num_kv_heads
+
+    def get(name, shape=None):
+        if name not in arrays:
+            raise ValueError(f"checkpoint has no weight for {name!r}")
+        x = np.asarray(arrays[name])
+        if shape is not None and tuple(x.shape) != tuple(shape):
+            raise ValueError(f"checkpoint weight {name!r} has shape {x.shape}, config needs {tuple(shape)}")
+        return x
+
+    def put(x):
+        return jnp.asarray(x, dtype)
+
+    def bias(name, heads):
+        return put(get(name, (heads * d,)).reshape(heads, d))
+
+    layers = []
+    for i in range(config.num_layers):
+        p = f"{i}."
+        layers.append(LayerParams(
+            attn_norm=put(get(p + "attn_norm", (e,))),
+            wq=put(get(p + "q", (hq * d, e)).T.reshape(e, hq, d)),
+            wk=put(get(p + "k", (hkv * d, e)).T.reshape(e, hkv, d)),
+            wv=put(get(p + "v", (hkv * d, e)).T.reshape(e, hkv, d)),
+            wo=put(get(p + "o", (e, hq * d)).T.reshape(hq, d, e)),
+            bq=bias(p + "q_bias", hq) if config.qkv_bias else None,
+            bk=bias(p + "k_bias", hkv) if config.qkv_bias else None,
+            bv=bias(p + "v_bias", hkv) if config.qkv_bias else None,
+            q_norm=put(get(p + "q_norm", (d,))) if config.qk_norm else None,
+            k_norm=put(get(p + "k_norm", (d,))) if config.qk_norm else None,
+            mlp_norm=put(get(p + "mlp_norm", (e,))),
+            w_gate=put(get(p + "gate", (config.intermediate_size, e)).T),
+            w_up=put(get(p + "up", (config.intermediate_size, e)).T),
+            w_down=put(get(p + "down", (e, config.intermediate_size)).T),
+        ))
+    lm_head = None
+    if not config.tie_embeddings:
+        lm_head = put(get("lm_head", (config.vocab_size, e)).T)
+    params = Params(embed=put(get("embed", (config.vocab_size, e))), layers=tuple(layers),
+                    final_norm=put(get("final_norm", (e,))), lm_head=lm_head)
+    check_params(params, config)
+    return params

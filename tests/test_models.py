@@ -1,0 +1,154 @@
+"""models/: config parsing, RoPE, and forward consistency (chunked prefill, decode) on tiny random models."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from models import BF16Attention, DecodeContext, ModelConfig, PrefillContext, forward, from_hf_config, init_params
+from models.config import rope_inv_freq
+from models.layers import apply_rope, rope_cos_sin
+from models.transformer import check_params
+
+TINY = ModelConfig("llama", vocab_size=97, hidden_size=48, intermediate_size=96, num_layers=2, num_heads=4,
+                   num_kv_heads=2, head_dim=16, rope_theta=10000.0, max_position=512)
+VARIANTS = {
+    "llama_tied": dataclasses.replace(TINY, tie_embeddings=True),
+    "qwen2_bias": dataclasses.replace(TINY, architecture="qwen2", qkv_bias=True),
+    "qwen3_qknorm": dataclasses.replace(TINY, architecture="qwen3", qk_norm=True, head_dim=24),
+    "llama3_rope": dataclasses.replace(TINY, rope_type="llama3", rope_factor=8.0, rope_original_max_position=64),
+}
+
+
+def _states(config, batch, max_len, attn=BF16Attention(), whole=True, prompt_len=None):
+    return tuple(attn.prefill_state(config, batch, prompt_len or max_len, max_len, jnp.float32, whole)
+                 for _ in range(config.num_layers))
+
+
+def _full_logits(params, config, tokens):
+    b, t = tokens.shape
+    ctx = PrefillContext(jnp.int32(0), jnp.full((b,), t, jnp.int32), t, whole=True)
+    logits, _ = forward(params, tokens, ctx, _states(config, b, t), config=config, attention=BF16Attention())
+    return logits
+
+
+def test_from_hf_config_families():
+    base = {"model_type": "llama", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+            "rope_theta": 5e5, "tie_word_embeddings": True, "max_position_embeddings": 2048, "eos_token_id": [1, 2],
+            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                             "original_max_position_embeddings": 1024}}
+    c = from_hf_config(base)
+    assert (c.head_dim, c.num_kv_heads, c.tie_embeddings, c.rope_type, c.eos_token_ids) == (16, 2, True, "llama3",
+                                                                                            (1, 2))
+    q2 = from_hf_config({**base, "model_type": "qwen2", "rope_scaling": None, "use_sliding_window": False,
+                         "sliding_window": 4096})
+    assert q2.qkv_bias and not q2.qk_norm and q2.sliding_window is None
+    q3 = from_hf_config({**base, "model_type": "qwen3", "head_dim": 32, "rope_scaling": None})
+    assert q3.qk_norm and q3.head_dim == 32 and not q3.qkv_bias
+    m = from_hf_config({**base, "model_type": "mistral", "sliding_window": 4096, "rope_scaling": None})
+    assert m.sliding_window == 4096
+
+
+@pytest.mark.parametrize("patch, words", [
+    ({"model_type": "gpt_neox"}, "model_type"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling"),
+    ({"mlp_bias": True}, "mlp_bias"),
+])
+def test_from_hf_config_errors(patch, words):
+    base = {"model_type": "llama", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4}
+    with pytest.raises(ValueError, match=words):
+        from_hf_config({**base, **patch})
+
+
+def test_model_config_validation():
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        dataclasses.replace(TINY, num_kv_heads=3)
+    with pytest.raises(ValueError, match="architecture"):
+        dataclasses.replace(TINY, architecture="gpt2")
+
+
+def test_llama3_rope_frequencies():
+    """High frequencies unscaled, low ones divided by factor, a smooth band between (Llama 3.1)."""
+    c = dataclasses.replace(TINY, head_dim=64, rope_theta=5e5, rope_type="llama3", rope_factor=8.0,
+                            rope_original_max_position=8192)
+    base = rope_inv_freq(dataclasses.replace(c, rope_type="default"))
+    scaled = rope_inv_freq(c)
+    wavelen = 2 * np.pi / base
+    np.testing.assert_allclose(scaled[wavelen < 8192 / 4], base[wavelen < 8192 / 4])
+    np.testing.assert_allclose(scaled[wavelen > 8192], base[wavelen > 8192] / 8)
+    mid = (wavelen >= 8192 / 4) & (wavelen <= 8192)
+    assert np.all((scaled[mid] <= base[mid]) & (scaled[mid] >= base[mid] / 8))
+
+
+@settings(max_examples=20, deadline=None)
+@given(m=st.integers(0, 400), n=st.integers(0, 400), shift=st.integers(1, 100))
+def test_rope_depends_on_relative_position(m, n, shift):
+    key = jax.random.PRNGKey(m * 1000 + n)
+    q, k = jax.random.normal(key, (2, 1, 1, 1, TINY.head_dim))
+
+    def dot(pm, pn):
+        cq, sq = rope_cos_sin(jnp.array([[pm]]), TINY)
+        ck, sk = rope_cos_sin(jnp.array([[pn]]), TINY)
+        return float(jnp.sum(apply_rope(q, cq, sq) * apply_rope(k, ck, sk)))
+
+    assert dot(m, n) == pytest.approx(dot(m + shift, n + shift), rel=1e-4, abs=1e-4)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_decode_steps_match_full_forward(name):
+    """Prefill T-3 tokens then decode 3 one by one == one causal forward over T tokens."""
+    config = VARIANTS[name]
+    params = init_params(jax.random.PRNGKey(1), config, jnp.float32)
+    check_params(params, config)
+    t = 13
+    tokens = jax.random.randint(jax.random.PRNGKey(2), (2, t), 0, config.vocab_size)
+    full = _full_logits(params, config, tokens)
+
+    attn = BF16Attention()
+    p = t - 3
+    ctx = PrefillContext(jnp.int32(0), jnp.full((2,), p, jnp.int32), t, whole=True)
+    states = _states(config, 2, t)
+    logits, states = forward(params, tokens[:, :p], ctx, states, config=config, attention=attn)
+    np.testing.assert_allclose(logits, full[:, :p], rtol=1e-4, atol=1e-4)
+    for i in range(p, t):
+        dctx = DecodeContext(jnp.full((2,), i, jnp.int32), jnp.ones((2,), bool))
+        step, states = forward(params, tokens[:, i:i + 1], dctx, states, config=config, attention=attn)
+        np.testing.assert_allclose(step[:, 0], full[:, i], rtol=1e-4, atol=1e-4)
+
+
+def test_chunked_prefill_matches_whole():
+    config = TINY
+    params = init_params(jax.random.PRNGKey(3), config, jnp.float32)
+    tokens = jax.random.randint(jax.random.PRNGKey(4), (1, 16), 0, config.vocab_size)
+    full = _full_logits(params, config, tokens)
+    attn = BF16Attention()
+    states = _states(config, 1, 16)
+    lengths = jnp.array([16], jnp.int32)
+    for c in range(4):
+        ctx = PrefillContext(jnp.int32(4 * c), lengths, 16, whole=False)
+        logits, states = forward(params, tokens[:, 4 * c:4 * c + 4], ctx, states, config=config, attention=attn)
+        np.testing.assert_allclose(logits, full[:, 4 * c:4 * c + 4], rtol=1e-4, atol=1e-4)
+
+
+def test_output_index_selects_rows():
+    params = init_params(jax.random.PRNGKey(5), TINY, jnp.float32)
+    tokens = jax.random.randint(jax.random.PRNGKey(6), (2, 8), 0, TINY.vocab_size)
+    full = _full_logits(params, TINY, tokens)
+    ctx = PrefillContext(jnp.int32(0), jnp.array([8, 5]), 8, whole=True)
+    last, _ = forward(params, tokens, ctx, _states(TINY, 2, 8), config=TINY, attention=BF16Attention(),
+                      output_index=jnp.array([7, 4]))
+    np.testing.assert_allclose(last, full[jnp.arange(2), jnp.array([7, 4])], rtol=1e-5, atol=1e-5)
+
+
+def test_check_params_names_the_weight():
+    params = init_params(jax.random.PRNGKey(0), TINY, jnp.float32)
+    with pytest.raises(ValueError, match=r"layers\[0\].bq"):
+        check_params(params, VARIANTS["qwen2_bias"])
+    with pytest.raises(ValueError, match="lm_head"):
+        check_params(params, VARIANTS["llama_tied"])
