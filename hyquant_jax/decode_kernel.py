@@ -25,13 +25,15 @@ class DecodeTuning:
 
     n_low: splits over the low-bit region; n_vl: splits over the VL region;
     pages_per_tile: pages scanned per loop iteration (token schemes only);
-    convert: "magic" (bf16 from bit patterns) or "cast" (int -> float).
+    convert: "magic" (bf16 from bit patterns) or "cast" (int -> float);
+    transposed: compute K.q^T and V^T.P^T (unpacked tiles as the matmul A operand).
     """
 
     n_low: int | None = None
     n_vl: int | None = None
     pages_per_tile: int | None = None
     convert: str = "magic"
+    transposed: bool = False
     num_warps: int = 4
     num_stages: int = 2
     sm_count: int = H200_SMS
@@ -95,7 +97,7 @@ def decode_layout(cache: HybridKVCache, config: HyQuantConfig, q_heads: int,
         key_bits=config.key_bits, value_bits=config.value_bits, key_mode=key_mode, value_mode=value_mode,
         key_group=channel_group, value_group=channel_group, block=config.block_size, pages_per_tile=ppt,
         n_low=n_low, n_vl=n_vl, vl_tile=vl_tile, ring_tile=_largest_pow2_divisor(ring_size, 64),
-        ring_size=ring_size, convert=tuning.convert,
+        ring_size=ring_size, convert=tuning.convert, transposed=tuning.transposed,
     )
 
 

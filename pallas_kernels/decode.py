@@ -69,6 +69,7 @@ class DecodeLayout:
     ring_tile: int
     ring_size: int
     convert: str  # "magic" or "cast"
+    transposed: bool = False  # see _Orient
 
     @property
     def num_splits(self) -> int:
@@ -187,11 +188,47 @@ def _round_up(x, m):
     return (x + m - 1) // m * m
 
 
+class _Orient:
+    """Tile orientation of the low-bit loop.
+
+    Normal: logits [rows, tile] = q . K^T, output [rows, width] = P . V; the
+    unpacked K/V tiles are the B operands of the matmuls. Transposed: logits
+    [tile, rows] = K . q^T and output [width, rows] = V^T . P^T; the unpacked
+    K/V tiles are the A operands, which the GPU can take from registers, so
+    only the small q / P operands pass through shared memory.
+    """
+
+    def __init__(self, transposed: bool):
+        self.t = transposed
+        self.tok = 0 if transposed else 1  # axis of the logits holding tokens
+
+    def per_row(self, x):  # vector over query rows -> broadcastable to logits
+        return x[None, :] if self.t else x[:, None]
+
+    def per_token(self, x):  # vector over tokens -> broadcastable to logits
+        return x[:, None] if self.t else x[None, :]
+
+    def logits(self, q, k):  # q [rows, w], k [tile, w]
+        return _dot_t(k, q) if self.t else _dot_t(q, k)
+
+    def pv(self, p, v):  # p like logits, v [tile, w] -> acc [w, rows] or [rows, w]
+        if self.t:
+            return lax.dot_general(v, p, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+        return _dot(p, v)
+
+    def acc_shape(self, rows, width):
+        return (width, rows) if self.t else (rows, width)
+
+    def rows_major(self, acc):
+        return acc.T if self.t else acc
+
+
 def _low_bit_split(num_pages_ref, page_count_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref,
                    o_ref, m_ref, l_ref, b, h, split, m0, l0, lay: DecodeLayout):
     rows = lay.rows
     ppt = lay.pages_per_tile
     tile = ppt * lay.block
+    o = _Orient(lay.transposed)
     key_parts = _parts(lay.key_bits, lay.head_dim, lay.key_group, lay.key_mode)
     value_parts = _parts(lay.value_bits, lay.head_dim, lay.value_group, lay.value_mode)
     k_excess = _excess(lay.key_bits, lay.convert)
@@ -214,7 +251,7 @@ def _low_bit_split(num_pages_ref, page_count_ref, q_ref, kc_ref, ks_ref, kz_ref,
 
     slot = lax.broadcasted_iota(jnp.int32, (tile,), 0)
     slot_page, slot_within = slot // lay.block, slot % lay.block
-    accs0 = [jnp.zeros((rows, width), jnp.float32) for (_, width, _, _, _) in value_parts]
+    accs0 = [jnp.zeros(o.acc_shape(rows, width), jnp.float32) for (_, width, _, _, _) in value_parts]
 
     def body(i, carry):
         m, l, accs = carry
@@ -225,12 +262,12 @@ def _low_bit_split(num_pages_ref, page_count_ref, q_ref, kc_ref, ks_ref, kz_ref,
             count = jnp.where(slot_page == k, page_count_ref[b, page + k], count)
         valid = (slot_within < count) & (page + slot_page < p1)
 
-        s = jnp.zeros((rows, tile), jnp.float32)
+        s = jnp.zeros((tile, rows) if o.t else (rows, tile), jnp.float32)
         loaded = {}
         for (col0, width, shift, dim0, grp), qd, qf, qs in zip(key_parts, q_dots, q_parts, q_sums):
             if lay.key_mode == "raw":
                 k = kc_ref[b, h, pl.ds(t0, tile), :].astype(jnp.bfloat16)
-                s = s + _dot_t(qd, k)
+                s = s + o.logits(qd, k)
                 continue
             if col0 not in loaded:
                 loaded[col0] = kc_ref[b, h, pl.ds(t0, tile), pl.ds(col0, width)]
@@ -241,40 +278,44 @@ def _low_bit_split(num_pages_ref, page_count_ref, q_ref, kc_ref, ks_ref, kz_ref,
                 zc = kz_ref[b, h, page, pl.ds(dim0, width)].astype(jnp.float32)
                 qq = (qf * sc[None, :]).astype(jnp.bfloat16)
                 bias = jnp.sum(qf * zc[None, :], axis=1) - k_excess * jnp.sum(qq.astype(jnp.float32), axis=1)
-                s = s + _dot_t(qq, kf) + bias[:, None]
+                s = s + o.logits(qq, kf) + o.per_row(bias)
             else:
                 sc = ks_ref[b, h, pl.ds(t0, tile), grp].astype(jnp.float32)
-                raw = _dot_t(qd, kf) - (k_excess + k_half) * qs[:, None]
-                s = s + sc[None, :] * raw
+                raw = o.logits(qd, kf) - (k_excess + k_half) * o.per_row(qs)
+                s = s + o.per_token(sc) * raw
                 if lay.key_mode == "asym":
                     zc = kz_ref[b, h, pl.ds(t0, tile), grp].astype(jnp.float32)
-                    s = s + zc[None, :] * qs[:, None]
-        s = jnp.where(valid[None, :], s, -jnp.inf)
-        p, m, alpha, l = _softmax_update(s, m, l)
+                    s = s + o.per_token(zc) * o.per_row(qs)
+        s = jnp.where(o.per_token(valid), s, -jnp.inf)
+        m_new = jnp.maximum(m, jnp.max(s, axis=o.tok))
+        alpha = jnp.exp(m - m_new)
+        p = jnp.exp(s - o.per_row(m_new))
+        l = alpha * l + jnp.sum(p, axis=o.tok)
 
         new_accs = []
         loaded = {}
         for (col0, width, shift, dim0, grp), acc in zip(value_parts, accs):
+            acc = o.per_row(alpha) * acc
             if lay.value_mode == "raw":
                 v = vc_ref[b, h, pl.ds(t0, tile), :].astype(jnp.bfloat16)
-                new_accs.append(alpha[:, None] * acc + _dot(p.astype(jnp.bfloat16), v))
+                new_accs.append(acc + o.pv(p.astype(jnp.bfloat16), v))
                 continue
             if col0 not in loaded:
                 loaded[col0] = vc_ref[b, h, pl.ds(t0, tile), pl.ds(col0, width)]
             u = (loaded[col0] >> shift) & vmask if shift or vmask != 255 else loaded[col0]
             vf = _to_float(u, lay.value_bits, lay.convert, jnp.bfloat16)
             sc = vs_ref[b, h, pl.ds(t0, tile), grp].astype(jnp.float32)
-            pp = (p * sc[None, :]).astype(jnp.bfloat16)
-            corr = (v_excess + v_half) * jnp.sum(pp.astype(jnp.float32), axis=1)
+            pp = (p * o.per_token(sc)).astype(jnp.bfloat16)
+            corr = (v_excess + v_half) * jnp.sum(pp.astype(jnp.float32), axis=o.tok)
             if lay.value_mode == "asym":
                 zc = vz_ref[b, h, pl.ds(t0, tile), grp].astype(jnp.float32)
-                corr = corr - jnp.sum(p * zc[None, :], axis=1)
-            new_accs.append(alpha[:, None] * acc + _dot(pp, vf) - corr[:, None])
-        return m, l, new_accs
+                corr = corr - jnp.sum(p * o.per_token(zc), axis=o.tok)
+            new_accs.append(acc + o.pv(pp, vf) - o.per_row(corr))
+        return m_new, l, new_accs
 
     m, l, accs = lax.fori_loop(0, n_iter, body, (m0, l0, accs0))
     dims = [(dim0, width) for (_, width, _, dim0, _) in value_parts]
-    _store_split(o_ref, m_ref, l_ref, b, h, split, list(zip(dims, accs)), m, l, lay)
+    _store_split(o_ref, m_ref, l_ref, b, h, split, list(zip(dims, [o.rows_major(a) for a in accs])), m, l, lay)
 
 
 @functools.partial(jax.jit, static_argnames=("lay", "num_warps", "num_stages", "interpret"))
