@@ -61,12 +61,12 @@ def test_interpret_matches_reference(scheme, key_bits, value_bits):
     _check(qd, cache, config, interpret=True, tuning=DecodeTuning(n_low=2, n_vl=2))
 
 
-@pytest.mark.parametrize("convert,pages_per_tile", [("cast", 1), ("magic", 2)])
-def test_interpret_tile_and_convert_variants(convert, pages_per_tile):
-    config = hq.HyQuantConfig(group_size=32, **SMALL)
+@pytest.mark.parametrize("convert,pages_per_tile,transposed", [("cast", 1, False), ("magic", 2, True)])
+def test_interpret_tile_and_convert_variants(convert, pages_per_tile, transposed):
+    config = hq.HyQuantConfig(scheme="token_asym", group_size=32, **SMALL)
     qd, cache = _cache(jax.random.PRNGKey(2), 1, 3, 1, 64, [200], config, appends=5)
-    _check(qd, cache, config, interpret=True,
-           tuning=DecodeTuning(n_low=3, n_vl=1, pages_per_tile=pages_per_tile, convert=convert))
+    _check(qd, cache, config, interpret=True, tuning=DecodeTuning(
+        n_low=3, n_vl=1, pages_per_tile=pages_per_tile, convert=convert, transposed=transposed))
 
 
 def test_interpret_short_and_empty_sequences():
@@ -133,7 +133,8 @@ def test_gpu_schemes_and_bits(scheme, key_bits, value_bits, group_size, head_dim
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tuning", [DecodeTuning(convert="cast"), DecodeTuning(pages_per_tile=1, n_low=7),
-                                    DecodeTuning(pages_per_tile=4, num_warps=8, num_stages=3)])
+                                    DecodeTuning(pages_per_tile=4, num_warps=8, num_stages=3),
+                                    DecodeTuning(transposed=True), DecodeTuning(transposed=False)])
 def test_gpu_tunings(tuning):
     config = hq.HyQuantConfig()
     qd, cache = _cache(jax.random.PRNGKey(8), 2, 32, 8, 128, [4097, 999], config, dtype=jnp.bfloat16)
