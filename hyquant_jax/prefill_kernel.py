@@ -68,10 +68,9 @@ def _take_rows(x, idx):
     return jnp.take_along_axis(x, idx, axis=2)
 
 
-@partial(jax.jit, static_argnames=("config", "interpret", "scale", "uniform", "qk_format", "pv_format",
-                                   "block_q", "block_k", "num_warps", "num_stages"))
-def _prefill(q, k, v, lengths, vl_idx, vl_count, *, config: HyQuantConfig, interpret, scale, uniform,
-             qk_format, pv_format, block_q, block_k, num_warps, num_stages):
+def _prepare(q, k, v, lengths, vl_idx, vl_count, *, config: HyQuantConfig, scale, uniform, qk_format, pv_format,
+             block_q, block_k):
+    """The kernel's array arguments (a tuple, in `hybrid_prefill` order) and its static scale."""
     b, hq, t, d = q.shape
     hkv = k.shape[1]
     g = hq // hkv
@@ -160,13 +159,47 @@ def _prefill(q, k, v, lengths, vl_idx, vl_count, *, config: HyQuantConfig, inter
     else:
         vsc = jnp.zeros((b, hkv, d), jnp.float32)
 
+    args = (meta, qb, qq, qrow.astype(jnp.float32), qbias.astype(jnp.float32), kq, ks.astype(jnp.float32), vq,
+            vsc, kvl.astype(jnp.bfloat16), vvl.astype(jnp.bfloat16), kb, vb)
+    return args, scale
+
+
+@partial(jax.jit, static_argnames=("config", "interpret", "scale", "uniform", "qk_format", "pv_format",
+                                   "block_q", "block_k", "num_warps", "num_stages"))
+def _prefill(q, k, v, lengths, vl_idx, vl_count, *, config: HyQuantConfig, interpret, scale, uniform,
+             qk_format, pv_format, block_q, block_k, num_warps, num_stages):
+    args, scale = _prepare(q, k, v, lengths, vl_idx, vl_count, config=config, scale=scale, uniform=uniform,
+                           qk_format=qk_format, pv_format=pv_format, block_q=block_q, block_k=block_k)
     out = _kernel.hybrid_prefill(
-        meta, qb, qq, qrow.astype(jnp.float32), qbias.astype(jnp.float32), kq, ks.astype(jnp.float32), vq, vsc,
-        kvl.astype(jnp.bfloat16), vvl.astype(jnp.bfloat16), kb, vb,
-        scale=scale, block_q=block_q, block_k=block_k, qk_format=qk_format, uniform=uniform,
+        *args, scale=scale, block_q=block_q, block_k=block_k, qk_format=qk_format, uniform=uniform,
         pv_fp8=pv_format == "fp8", num_warps=num_warps, num_stages=num_stages, interpret=interpret,
         out_dtype=q.dtype)
-    return out[:, :, :t]
+    return out[:, :, :q.shape[2]]
+
+
+def prepare_kernel_call(q, k, v, lengths, vl_idx, vl_count, config: HyQuantConfig, interpret: bool = False,
+                        scale: float | None = None, *, uniform: bool = False, pv_format: str = "bf16",
+                        block_q: int | None = None, block_k: int | None = None, num_warps: int | None = None,
+                        num_stages: int | None = None):
+    """Split `prefill_attention` into its glue and its kernel (for benchmarks).
+
+    Returns (args, kernel): `args` are the prepared arrays (computed now, jitted)
+    and `kernel(*args)` runs only the Pallas kernel, returning [B, Hq, Tp, D]
+    (Tp >= T: cut rows off with [:, :, :T]).
+    """
+    _check(q, k, v, lengths)
+    if uniform:
+        qk_format = config.prefill_qk
+        config = HyQuantConfig(window=0, rho=0.0, prefill_qk=qk_format,
+                               prefill_block=block_q or default_blocks(q.shape[-1], 256)[0])
+    bq, bk, nw, ns = _resolve(config, q.shape[-1], block_q, block_k, num_warps, num_stages)
+    prep = jax.jit(partial(_prepare, config=config, scale=scale, uniform=uniform, qk_format=config.prefill_qk,
+                           pv_format=pv_format, block_q=bq, block_k=bk))
+    args, kscale = prep(q, k, v, lengths, vl_idx.astype(jnp.int32), vl_count.astype(jnp.int32))
+    kernel = partial(_kernel.hybrid_prefill, scale=float(kscale), block_q=bq, block_k=bk,
+                     qk_format=config.prefill_qk, uniform=uniform, pv_fp8=pv_format == "fp8", num_warps=nw,
+                     num_stages=ns, interpret=interpret, out_dtype=q.dtype)
+    return args, kernel
 
 
 def _resolve(config: HyQuantConfig, d, block_q, block_k, num_warps, num_stages):

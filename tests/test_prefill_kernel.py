@@ -181,6 +181,19 @@ def test_attention_dispatch_interpret():
     check_output(out, np.asarray(out_ref, np.float32), lengths, TOL)
 
 
+def test_padding_garbage_never_leaks():
+    """NaN/inf in q, k, v beyond `lengths` must not reach any valid row (and padded rows stay 0)."""
+    config = _cfg(window=64, prefill_block=32, rho=0.1)
+    q, k, v = make_inputs(0, 2, 4, 2, 200, 64)
+    lengths = jnp.asarray([200, 137], jnp.int32)
+    vl_idx, vl_count = vti_vl(q, k, lengths, config)
+    ref = reference.hybrid_prefill_attention_reference(q, k, v, lengths, vl_idx, vl_count, config)
+    pad = (jnp.arange(200)[None, :] >= lengths[:, None])[:, None, :, None]
+    q, k, v = (jnp.where(pad, jnp.asarray(bad, x.dtype), x) for x, bad in ((q, jnp.nan), (k, jnp.inf), (v, jnp.nan)))
+    out = pk.prefill_attention(q, k, v, lengths, vl_idx, vl_count, config, interpret=True, block_k=32)
+    check_output(out, ref, lengths, TOL)
+
+
 def test_argument_checks():
     q, k, v = make_inputs(0, 1, 2, 1, 32, 64)
     lengths = jnp.asarray([32], jnp.int32)
