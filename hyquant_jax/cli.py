@@ -30,12 +30,13 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def _config(args) -> HyQuantConfig:
+    extra = {name: getattr(args, name) for name in ("prefill_qk", "prefill_block") if hasattr(args, name)}
     return HyQuantConfig(key_bits=args.key_bits, value_bits=args.value_bits, scheme=args.scheme,
                          window=args.window, block_size=args.block_size, rho=args.rho,
-                         promote_flushed=not args.no_promote)
+                         promote_flushed=not args.no_promote, **extra)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hyquant", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -75,8 +76,11 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("name", nargs="?", help="script name without .py" + (" and the eval_ prefix" if name == "eval"
                                                                                    else ""))
         p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         if args.command in ("bench", "eval"):
             return _run_script(args.command, args.name, args.script_args)

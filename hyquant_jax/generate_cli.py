@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 import time
@@ -93,6 +92,8 @@ def add_generate_args(p) -> None:
                    help="HyQuant attention backend (auto: Pallas kernels on GPU, the jnp reference elsewhere)")
     p.add_argument("--prefill-qk", default="int8", choices=("int8", "fp8", "bf16"),
                    help="number format of Q.K for the quantized segment of hybrid prefill")
+    p.add_argument("--prefill-block", type=int, default=64,
+                   help="query block of hybrid prefill (power of two, 16-256; must divide --window)")
     p.add_argument("--prefill-chunk", type=int, default=2048, help="prompts longer than this are prefilled in chunks")
     p.add_argument("--json", help="also write the results to this JSON file")
 
@@ -135,7 +136,6 @@ def run_generate(args, config: HyQuantConfig, echo=print) -> dict:
 
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    config = dataclasses.replace(config, prefill_qk=args.prefill_qk)
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
     dtype = _compute_dtype(args.dtype)
     t0 = time.perf_counter()

@@ -93,6 +93,12 @@ def _staged_attention(q, state: PromptStaging, ctx: PrefillContext):
     return grouped_attention(q, state.k, state.v, mask, f32_probs=BF16Attention()._f32())
 
 
+def _staging(config, hq: HyQuantConfig, batch, prompt_len, dtype) -> PromptStaging:
+    kv = (batch, config.num_kv_heads, prompt_len, config.head_dim)
+    tail = (batch, config.num_heads, tail_query_count(hq), config.head_dim)
+    return PromptStaging(jnp.zeros(kv, dtype), jnp.zeros(kv, dtype), jnp.zeros(tail, dtype))
+
+
 def _empty_vl(batch: int, heads: int):
     return jnp.zeros((batch, heads, 0), jnp.int32), jnp.zeros((batch,), jnp.int32)
 
@@ -125,12 +131,7 @@ class HybridAttention:
         return self.cache_dtype or x.dtype
 
     def prefill_state(self, config, batch, prompt_len, max_len, dtype, whole):
-        if whole:
-            return None
-        dtype = self.cache_dtype or dtype
-        kv = (batch, config.num_kv_heads, prompt_len, config.head_dim)
-        tail = (batch, config.num_heads, tail_query_count(self.config), config.head_dim)
-        return PromptStaging(jnp.zeros(kv, dtype), jnp.zeros(kv, dtype), jnp.zeros(tail, dtype))
+        return None if whole else _staging(config, self.config, batch, prompt_len, self.cache_dtype or dtype)
 
     def prefill(self, layer, q, k, v, state, ctx: PrefillContext):
         if ctx.whole:
@@ -175,8 +176,7 @@ class QuantizedCacheAttention:
             raise ValueError(f"QuantizedCacheAttention.config.rho must be 0 (no VL tokens), got {self.config.rho}")
 
     def prefill_state(self, config, batch, prompt_len, max_len, dtype, whole):
-        return HybridAttention(self.config, cache_dtype=self.cache_dtype).prefill_state(
-            config, batch, prompt_len, max_len, dtype, whole)
+        return None if whole else _staging(config, self.config, batch, prompt_len, self.cache_dtype or dtype)
 
     def prefill(self, layer, q, k, v, state, ctx: PrefillContext):
         if ctx.whole:

@@ -124,15 +124,16 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, impl: str = "xla"
                      f32_probs: bool = False) -> jax.Array:
     """Causal self-attention within one chunk: q [B, Hq, T, D], k, v [B, Hkv, T, D].
 
-    impl "xla": `grouped_attention` (f32_probs passed on); "cudnn": `jax.nn.dot_product_attention`
-    (GQA-native, [B, T, H, D] layout). Padded queries are computed like any
-    other and ignored by the caller; valid queries never see padded keys
-    (they come later).
+    impl "xla": `grouped_attention` (f32_probs passed on); "cudnn" or "auto":
+    `jax.nn.dot_product_attention` (GQA-native, [B, T, H, D] layout) with
+    implementation "cudnn", or None (cuDNN where it applies, else XLA).
+    Padded queries are computed like any other and ignored by the caller;
+    valid queries never see padded keys (they come later).
     """
-    if impl == "cudnn":
+    if impl in ("cudnn", "auto"):
         out = jax.nn.dot_product_attention(
             q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
-            is_causal=True, implementation="cudnn")
+            is_causal=True, implementation="cudnn" if impl == "cudnn" else None)
         return out.transpose(0, 2, 1, 3)
     t = q.shape[2]
     mask = jnp.tril(jnp.ones((t, t), bool))[None, None, None]
@@ -178,7 +179,8 @@ class BF16Attention:
     `jax.jit` with the states donated, both updates happen in place: a decode
     step reads the cache once and writes only the new token.
 
-    prefill_impl: "auto" (cuDNN on GPU, XLA elsewhere), "xla" or "cudnn" for
+    prefill_impl: "auto" (on GPU `jax.nn.dot_product_attention`, which picks
+      cuDNN where it applies; XLA elsewhere), "xla" or "cudnn" for
       whole-prompt prefill; chunked prefill always uses XLA with a mask.
     cache_dtype: storage dtype (None: the dtype of k, e.g. bf16).
     f32_probs: PV product in float32 (see `grouped_attention`); None: only
@@ -196,7 +198,7 @@ class BF16Attention:
 
     def _impl(self) -> str:
         if self.prefill_impl == "auto":
-            return "cudnn" if jax.default_backend() == "gpu" else "xla"
+            return "auto" if jax.default_backend() == "gpu" else "xla"
         return self.prefill_impl
 
     def _f32(self) -> bool:

@@ -118,6 +118,8 @@ def write_gguf(path: Path, params: Params, config: ModelConfig, types: dict[str,
     w.add_layer_norm_rms_eps(config.rms_norm_eps)
     w.add_rope_freq_base(config.rope_theta)
     w.add_rope_dimension_count(config.head_dim)
+    w.add_key_length(config.head_dim)
+    w.add_value_length(config.head_dim)
     w.add_vocab_size(config.vocab_size)
     if tokenizer is not None:
         tokens, merges = vocab_and_merges(tokenizer)

@@ -1,0 +1,475 @@
+"""End-to-end decode benchmark: Qwen3-8B-shaped model with random bf16 weights, bf16 vs HyQuant vs KIVI.
+
+The same model code and the same jitted `hyquant_jax.generate.decode` loop
+(`lax.while_loop`, per-layer caches donated and updated in place) run with
+each KV cache; only the cache and its attention differ:
+  bf16     exact attention over a preallocated bf16 cache (XLA einsum decode)
+  hyquant  HybridKVCache + hyquant_jax.decode_step (Pallas kernel on GPU)
+  kivi4/kivi2/uniform4  quantized HybridKVCache, dequantize then attend (XLA)
+
+Sections (each method runs in its own subprocess, so peak memory is per
+method and an out-of-memory error ends only that method's sweep):
+  b1       B = 1 decode at each of --prefixes (paper Table 8)
+  batch    decode at --batch-prefix for B = --batches until out of memory,
+           with peak GPU memory (paper Table 6)
+  prefill  time of `hyquant_jax.generate.prefill` (whole prompt, B = 1) at
+           --prefill-prefixes; hyquant uses hybrid prefill + Freeze
+Decode caches are built directly from random keys/values (Freeze for the
+quantized caches; a batch tiles one sequence's cache), not by running the
+prefill, so every prefix costs one decode compilation only. Each decode
+config runs --steps steps once to compile and warm up, then --reps timed
+loops of --steps steps; per-step time = median loop time / steps (inside
+jit, no dispatch gaps). The byte floor of a step is (weights read + KV cache
+bytes) / --bandwidth-tbs: weights are every parameter except the embedding
+table (only B rows of it are read); KV bytes are the cache's used bytes
+(bf16: 2 * layers * Hkv * D * 2 bytes per token).
+
+Writes OUT/e2e_h200.json and OUT/e2e_h200.png (--name changes the stem).
+Run on the GPU box from the repository root (the package need not be installed):
+  PYTHONPATH=. python benchmarks/e2e.py --out benchmarks/results
+Every decode config compiles the 36-layer decode loop once (tens of seconds),
+so the whole default sweep takes well over 10 minutes; split it with
+--sections / --methods / --prefixes / --batches, e.g. a short run:
+  PYTHONPATH=. python benchmarks/e2e.py --out $OUT --name part1 --sections b1,prefill --prefixes 1024,32768 \\
+      --prefill-prefixes 32768 --steps 32 --reps 2
+  PYTHONPATH=. python benchmarks/e2e.py --out $OUT --name part2 --sections batch --batches 1,16,32 \\
+      --no-until-oom --steps 16 --reps 2
+then merge the parts (here, on any machine):
+  python benchmarks/e2e.py --out benchmarks/results --combine part1.json part2.json
+CPU check that the script works: python benchmarks/e2e.py --smoke --out /tmp/e2e
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+QWEN3_8B = dict(architecture="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_layers=36,
+                num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6, qk_norm=True,
+                tie_embeddings=False, max_position=262144)
+SMOKE = dict(architecture="qwen3", vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=2,
+             num_heads=4, num_kv_heads=2, head_dim=64, rms_norm_eps=1e-6, rope_theta=1e6, qk_norm=True,
+             tie_embeddings=False, max_position=65536)
+METHODS = ("bf16", "hyquant", "kivi4", "kivi2", "uniform4")
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="benchmarks/results", help="folder for the JSON and the plot")
+    p.add_argument("--name", default="e2e_h200", help="file stem of the JSON and PNG")
+    p.add_argument("--sections", default="b1,batch,prefill", help="comma list of b1, batch, prefill")
+    p.add_argument("--methods", default="bf16,hyquant,kivi4", help=f"comma list from {METHODS}")
+    p.add_argument("--prefixes", default="1024,2048,4096,8192,16384,32768,131072",
+                   help="cached tokens per sequence for the B=1 decode section")
+    p.add_argument("--batch-prefix", type=int, default=32768, help="cached tokens per sequence of the batch sweep")
+    p.add_argument("--batches", default="1,4,8,16,32,48,64",
+                   help="batch sizes of the sweep, ascending; with --until-oom it goes on past the last one in "
+                        "steps of the last gap until out of memory or --max-batch")
+    p.add_argument("--until-oom", action=argparse.BooleanOptionalAction, default=True,
+                   help="continue the batch sweep past --batches until out of memory")
+    p.add_argument("--max-batch", type=int, default=512, help="stop the batch sweep here even without OOM")
+    p.add_argument("--prefill-prefixes", default="4096,32768", help="prompt lengths of the prefill section")
+    p.add_argument("--steps", type=int, default=64, help="decode steps per timed loop")
+    p.add_argument("--reps", type=int, default=3, help="timed loops per config (median)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="override the layer count (faster compiles; results then are not the 8B model's)")
+    p.add_argument("--backend", default="auto", choices=("auto", "reference", "pallas", "interpret"),
+                   help="HyQuant decode backend (auto: Pallas on GPU)")
+    p.add_argument("--prefill-backend", default=None, choices=("auto", "reference", "pallas", "interpret"),
+                   help="HyQuant prefill backend (default: --backend)")
+    p.add_argument("--key-bits", type=int, default=4)
+    p.add_argument("--value-bits", type=int, default=4)
+    p.add_argument("--scheme", default="token_sym", choices=("token_sym", "token_asym", "channel_key"))
+    p.add_argument("--window", type=int, default=128)
+    p.add_argument("--rho", type=float, default=0.05)
+    p.add_argument("--bandwidth-tbs", type=float, default=4.8, help="HBM bandwidth for the byte floor (H200: 4.8)")
+    p.add_argument("--mem-fraction", default="0.95", help="XLA_PYTHON_CLIENT_MEM_FRACTION of the workers")
+    p.add_argument("--smoke", action="store_true", help="tiny model and prefixes: a CPU check that the script runs")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--combine", nargs="+", metavar="JSON", default=None,
+                   help="run nothing: merge the rows of these result files (of earlier, partial runs) into "
+                        "OUT/NAME.json and redraw the plot")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # internal: JSON spec of one worker
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.prefixes, args.batch_prefix, args.batches = "256,512", 512, "1,2"
+        args.prefill_prefixes, args.steps, args.reps, args.until_oom = "256", 4, 1, False
+    for m in args.methods.split(","):
+        if m not in METHODS:
+            p.error(f"--methods: unknown method {m!r}; choose from {METHODS}")
+    for s in args.sections.split(","):
+        if s not in ("b1", "batch", "prefill"):
+            p.error(f"--sections: unknown section {s!r}")
+    return args
+
+
+# --------------------------------------------------------------------------- worker (one section, one method)
+
+
+def _model(args):
+    from models import ModelConfig
+
+    shape = dict(SMOKE if args.smoke else QWEN3_8B)
+    if args.layers:
+        shape["num_layers"] = args.layers
+    return ModelConfig(**shape)
+
+
+def _attention(args, method):
+    import jax.numpy as jnp
+
+    from hyquant_jax import HyQuantConfig, make_attention
+
+    hq = HyQuantConfig(key_bits=args.key_bits, value_bits=args.value_bits, scheme=args.scheme, window=args.window,
+                       rho=args.rho)
+    return make_attention(method, hq, backend=args.backend, prefill_backend=args.prefill_backend,
+                          cache_dtype=jnp.bfloat16), hq
+
+
+def _is_oom(err: Exception) -> bool:
+    text = str(err)
+    return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "out of memory" in text
+
+
+def _peak_bytes() -> int | None:
+    import jax
+
+    stats = jax.devices()[0].memory_stats() or {}
+    return stats.get("peak_bytes_in_use")
+
+
+def _layer_cache(attention, config, key, prefix, max_len):
+    """One layer's decode state holding `prefix` random tokens for one sequence."""
+    import jax
+    import jax.numpy as jnp
+
+    from hyquant_jax import HybridAttention, freeze
+    from models import KVBuffer
+
+    kk, kv, kq = jax.random.split(key, 3)
+    shape = (1, config.num_kv_heads, prefix, config.head_dim)
+    k = jax.random.normal(kk, shape, jnp.bfloat16)
+    v = jax.random.normal(kv, shape, jnp.bfloat16)
+    lengths = jnp.array([prefix], jnp.int32)
+    if not hasattr(attention, "config"):  # bf16
+        pad = ((0, 0), (0, 0), (0, max_len - prefix), (0, 0))
+        return KVBuffer(jnp.pad(k, pad), jnp.pad(v, pad))
+    if isinstance(attention, HybridAttention):
+        from hyquant_jax.vti import tail_query_count
+
+        q_tail = jax.random.normal(kq, (1, config.num_heads, tail_query_count(attention.config), config.head_dim),
+                                   jnp.bfloat16)
+        return freeze(k, v, lengths, q_tail, attention.config, max_len)
+    empty = (jnp.zeros((1, config.num_kv_heads, 0), jnp.int32), jnp.zeros((1,), jnp.int32))
+    return freeze(k, v, lengths, None, attention.config, max_len, vl=empty)
+
+
+def _states(attention, config, prefix, batch, max_len, seed=0):
+    import jax
+    import jax.numpy as jnp
+
+    states = []
+    for i in range(config.num_layers):
+        one = _layer_cache(attention, config, jax.random.PRNGKey(seed * 1000 + i), prefix, max_len)
+        if batch > 1:
+            one = jax.tree_util.tree_map(lambda x: jnp.repeat(x, batch, axis=0), one)
+        states.append(jax.block_until_ready(one))
+    return tuple(states)
+
+
+def _decode_config(args, params, config, attention, method, prefix, batch):
+    """Time the decode loop for one (prefix, batch); returns a result dict."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from hyquant_jax import SamplingConfig, kv_cache_bytes
+    from hyquant_jax.generate import decode
+
+    steps = args.steps
+    max_len = prefix + (args.reps + 1) * steps + 8
+    states = _states(attention, config, prefix, batch, max_len)
+    lengths = jnp.full((batch,), prefix, jnp.int32)
+    first = jax.random.randint(jax.random.PRNGKey(1), (batch,), 0, config.vocab_size, jnp.int32)
+    key = jax.random.PRNGKey(2)
+    static = dict(config=config, attention=attention, sampling=SamplingConfig(), max_new_tokens=steps + 1,
+                  eos_ids=(), pad_id=0)
+    kv_start = kv_cache_bytes(attention, states, np.asarray(lengths))
+    t0 = time.perf_counter()
+    out, _, states, lengths, n = decode(params, states, first, lengths, key, **static)
+    jax.block_until_ready(out)
+    compile_s = time.perf_counter() - t0
+    times = []
+    for _ in range(args.reps):
+        first = out[:, -1]
+        t0 = time.perf_counter()
+        out, _, states, lengths, n = decode(params, states, first, lengths, key, **static)
+        jax.block_until_ready(out)
+        times.append(time.perf_counter() - t0)
+    assert int(n) == steps, (int(n), steps)
+    kv_end = kv_cache_bytes(attention, states, np.asarray(lengths))
+    step_s = statistics.median(times) / steps
+    weights = params.nbytes() - params.embed.nbytes
+    kv = float((kv_start.sum() + kv_end.sum()) / 2)
+    floor_s = (weights + kv) / (args.bandwidth_tbs * 1e12)
+    del states, out
+    gc.collect()
+    return {"method": method, "prefix": prefix, "batch": batch, "step_ms": 1e3 * step_s,
+            "tokens_per_s": batch / step_s, "loop_seconds": times, "compile_and_warmup_s": compile_s,
+            "weights_bytes_read": int(weights), "kv_bytes_read": int(kv),
+            "kv_bytes_per_sequence": int(kv / batch), "floor_ms": 1e3 * floor_s,
+            "floor_over_step": floor_s / step_s, "peak_bytes": _peak_bytes()}
+
+
+def _prefill_config(args, params, config, attention, method, prefix):
+    import jax
+    import jax.numpy as jnp
+
+    from hyquant_jax import SamplingConfig
+    from hyquant_jax.generate import prefill
+
+    tokens = jax.random.randint(jax.random.PRNGKey(3), (1, prefix), 0, config.vocab_size, jnp.int32)
+    lengths = jnp.array([prefix], jnp.int32)
+    static = dict(config=config, attention=attention, sampling=SamplingConfig(), chunk=prefix, max_len=prefix + 8)
+    t0 = time.perf_counter()
+    compiled = prefill.lower(params, tokens, lengths, jax.random.PRNGKey(0), **static).compile()
+    compile_s = time.perf_counter() - t0
+    times = []
+    for r in range(args.reps + 1):
+        t0 = time.perf_counter()
+        first, _, states = compiled(params, tokens, lengths, jax.random.PRNGKey(r))
+        jax.block_until_ready((first, states))
+        times.append(time.perf_counter() - t0)
+        del states
+    seconds = statistics.median(times[1:]) if len(times) > 1 else times[0]
+    return {"method": method, "prefix": prefix, "seconds": seconds, "tokens_per_s": prefix / seconds,
+            "compile_s": compile_s, "peak_bytes": _peak_bytes()}
+
+
+def run_worker(spec_path: str) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    from models import init_params
+
+    spec = json.loads(open(spec_path).read())
+    args = parse_args(spec["argv"])
+    section, method = spec["section"], spec["method"]
+    config = _model(args)
+    attention, _ = _attention(args, method)
+    params = init_params(jax.random.PRNGKey(0), config, jnp.bfloat16)
+    jax.block_until_ready(params)
+    rows = []
+
+    def save():
+        with open(spec["out"], "w") as f:
+            json.dump(rows, f)
+
+    if section == "prefill":
+        for prefix in _ints(args.prefill_prefixes):
+            rows.append(_guarded(lambda: _prefill_config(args, params, config, attention, method, prefix),
+                                 method=method, prefix=prefix))
+            save()
+        return
+    if section == "b1":
+        for prefix in _ints(args.prefixes):
+            rows.append(_guarded(lambda: _decode_config(args, params, config, attention, method, prefix, 1),
+                                 method=method, prefix=prefix, batch=1))
+            save()
+        return
+    for batch in _batch_sizes(args):
+        row = _guarded(lambda: _decode_config(args, params, config, attention, method, args.batch_prefix, batch),
+                       method=method, prefix=args.batch_prefix, batch=batch)
+        rows.append(row)
+        save()
+        if row.get("oom"):
+            break
+
+
+def _batch_sizes(args):
+    sizes = _ints(args.batches)
+    yield from sizes
+    if args.until_oom and sizes:
+        gap = sizes[-1] - sizes[-2] if len(sizes) > 1 else sizes[-1]
+        b = sizes[-1] + gap
+        while b <= args.max_batch:
+            yield b
+            b += gap
+
+
+def _guarded(fn, **ident):
+    try:
+        row = fn()
+    except Exception as e:  # an OOM ends a sweep; other errors are recorded, the rest goes on
+        gc.collect()
+        row = dict(ident, oom=_is_oom(e), error=f"{type(e).__name__}: {str(e)[:400]}")
+    print(json.dumps(row), flush=True)
+    return row
+
+
+# --------------------------------------------------------------------------- parent
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.worker:
+        run_worker(args.worker)
+        return
+    if args.combine:
+        combine(args)
+        return
+    import jax
+
+    from benchmarks.common import environment, write_json
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    env = dict(os.environ, XLA_PYTHON_CLIENT_MEM_FRACTION=args.mem_fraction)
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "hyquant_e2e_jax_cache"))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    config = _model(args)
+    _, hq = _attention(args, "hyquant")
+    results = {"environment": environment(), "model": dataclasses.asdict(config),
+               "params": config.num_params(), "hyquant_config": dataclasses.asdict(hq),
+               "bandwidth_tbs": args.bandwidth_tbs, "steps": args.steps, "reps": args.reps,
+               "b1": [], "batch": [], "prefill": []}
+    path = os.path.join(args.out, f"{args.name}.json")
+    with tempfile.TemporaryDirectory() as tmp:
+        for section in args.sections.split(","):
+            for method in args.methods.split(","):
+                spec = os.path.join(tmp, f"{section}_{method}.json")
+                out = os.path.join(tmp, f"{section}_{method}_rows.json")
+                with open(spec, "w") as f:
+                    json.dump({"argv": argv, "section": section, "method": method, "out": out}, f)
+                print(f"== {section} / {method}", flush=True)
+                t0 = time.perf_counter()
+                rc = subprocess.call([sys.executable, os.path.abspath(__file__), "--worker", spec], env=env, cwd=root)
+                rows = json.load(open(out)) if os.path.exists(out) else []
+                if rc != 0:
+                    rows.append({"method": method, "error": f"worker exited with code {rc}"})
+                results[section].extend(rows)
+                print(f"   ({time.perf_counter() - t0:.0f} s)", flush=True)
+                write_json(path, results)
+    print_tables(results)
+    print(f"wrote {path}")
+    if not args.no_plot:
+        png = os.path.join(args.out, f"{args.name}.png")
+        plot(results, png)
+        print(f"wrote {png}")
+    del jax
+
+
+def combine(args) -> None:
+    """Merge partial result files: environment and settings of the first, rows of all (later wins per key)."""
+    from benchmarks.common import write_json
+
+    parts = [json.load(open(path)) for path in args.combine]
+    merged = dict(parts[0])
+    keys = {"b1": ("method", "prefix"), "batch": ("method", "batch"), "prefill": ("method", "prefix")}
+    for section, key in keys.items():
+        rows = {}
+        for part in parts:
+            for r in part.get(section, []):
+                rows[tuple(r.get(k) for k in key)] = r
+        merged[section] = sorted(rows.values(), key=lambda r: (str(r.get("method")),) + tuple(
+            r.get(k) or 0 for k in key[1:]))
+    merged["combined_from"] = [os.path.basename(p) for p in args.combine]
+    path = os.path.join(args.out, f"{args.name}.json")
+    write_json(path, merged)
+    print_tables(merged)
+    print(f"wrote {path}")
+    if not args.no_plot:
+        plot(merged, os.path.join(args.out, f"{args.name}.png"))
+
+
+def print_tables(results) -> None:
+    def speedups(rows, keys):
+        base = {tuple(r[k] for k in keys): r for r in rows if r.get("method") == "bf16" and "step_ms" in r}
+        for r in rows:
+            b = base.get(tuple(r.get(k) for k in keys))
+            if b and "step_ms" in r:
+                r["speedup_vs_bf16"] = b["step_ms"] / r["step_ms"]
+
+    speedups(results["b1"], ("prefix",))
+    speedups(results["batch"], ("batch",))
+    if results["b1"]:
+        print("\nB=1 decode: prefix, method, ms/step, tokens/s, floor ms, floor/step, x bf16")
+        for r in results["b1"]:
+            if "step_ms" in r:
+                print(f"  {r['prefix']:>7} {r['method']:>8} {r['step_ms']:8.2f} {r['tokens_per_s']:9.1f} "
+                      f"{r['floor_ms']:8.2f} {r['floor_over_step']:6.2f} {r.get('speedup_vs_bf16', 0):6.2f}")
+            else:
+                print(f"  {r.get('prefix', '-'):>7} {r['method']:>8} {r.get('error', '')[:80]}")
+    if results["batch"]:
+        print("\nbatch sweep: batch, method, ms/step, tokens/s, peak GiB, floor/step, x bf16")
+        for r in results["batch"]:
+            if "step_ms" in r:
+                peak = (r["peak_bytes"] or 0) / 2**30
+                print(f"  {r['batch']:>5} {r['method']:>8} {r['step_ms']:8.2f} {r['tokens_per_s']:9.1f} "
+                      f"{peak:8.1f} {r['floor_over_step']:6.2f} {r.get('speedup_vs_bf16', 0):6.2f}")
+            else:
+                print(f"  {r.get('batch', '-'):>5} {r['method']:>8} {'OOM' if r.get('oom') else r.get('error', '')[:80]}")
+    if results["prefill"]:
+        print("\nprefill (B=1): prefix, method, seconds, tokens/s")
+        for r in results["prefill"]:
+            if "seconds" in r:
+                print(f"  {r['prefix']:>7} {r['method']:>8} {r['seconds']:8.3f} {r['tokens_per_s']:10.0f}")
+            else:
+                print(f"  {r.get('prefix', '-'):>7} {r['method']:>8} {r.get('error', '')[:80]}")
+
+
+def plot(results, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 4, figsize=(21, 4.8))
+    methods = sorted({r["method"] for s in ("b1", "batch") for r in results[s] if "step_ms" in r})
+    colors = {m: f"C{i}" for i, m in enumerate(methods)}
+    for m in methods:
+        rows = [r for r in results["b1"] if r["method"] == m and "step_ms" in r]
+        if rows:
+            x = [r["prefix"] for r in rows]
+            axes[0].plot(x, [r["tokens_per_s"] for r in rows], "o-", color=colors[m], label=m)
+            axes[1].plot(x, [r["step_ms"] for r in rows], "o-", color=colors[m], label=f"{m} step")
+            axes[1].plot(x, [r["floor_ms"] for r in rows], "--", color=colors[m], label=f"{m} byte floor")
+        rows = [r for r in results["batch"] if r["method"] == m and "step_ms" in r]
+        if rows:
+            axes[2].plot([r["batch"] for r in rows], [r["tokens_per_s"] for r in rows], "o-", color=colors[m], label=m)
+            axes[3].plot([r["batch"] for r in rows], [(r["peak_bytes"] or 0) / 2**30 for r in rows], "o-",
+                         color=colors[m], label=m)
+    prefix = next((r["prefix"] for r in results["batch"] if "prefix" in r), None)
+    axes[0].set(xscale="log", xlabel="cached tokens (B=1)", ylabel="decode tokens/s", title="B=1 decode")
+    axes[1].set(xscale="log", xlabel="cached tokens (B=1)", ylabel="ms per step",
+                title=f"B=1 step time vs byte floor ({results['bandwidth_tbs']} TB/s)")
+    axes[2].set(xlabel="batch", ylabel="decode tokens/s", title=f"batch sweep at {prefix} cached tokens")
+    axes[3].set(xlabel="batch", ylabel="peak device memory (GiB)", title="peak memory (batch sweep)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+    env = results["environment"]
+    fig.suptitle(f"{env['device']}, {results['params'] / 1e9:.2f}B-param Qwen3-shaped model, random bf16 weights, "
+                 f"jax {env['jax']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
