@@ -1,0 +1,284 @@
+"""HybridKVCache: Freeze, append, flush with VL promotion, capacities, ring scores (cache.py).
+
+Token accounting is checked against `oracle.CacheSim`, a plain-Python model of the
+documented policy, and with key_bits = value_bits = 16 and identifiable tokens
+directly: the multiset of valid tokens over the low-bit pages, VL and ring must be
+exactly the set of all tokens of each sequence and head.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import oracle
+from hq_helpers import Harness, config, j32, ji32, normal, region_ids, rng, with_ring_score
+from hyquant_jax.cache import accumulate_ring_scores, append, capacities, freeze
+from hyquant_jax.reference import hybrid_decode_attention_reference
+
+SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+                    derandomize=True)
+
+
+cfg_strategy = st.builds(
+    lambda w, bs, rho, promote: config(window=w * bs, block_size=bs, prefill_block=16, rho=rho,
+                                       promote_flushed=promote),
+    w=st.sampled_from([0, 1, 2]), bs=st.sampled_from([16, 32]), rho=st.sampled_from([0.0, 0.1, 0.3, 1.0]),
+    promote=st.booleans(),
+)
+
+
+def check_exactly_once(h: Harness):
+    """Ids of all valid stored rows == all token ids of each (sequence, head), each exactly once."""
+    ids = region_ids(h.cache, h.cfg)
+    w = h.cfg.window
+    for bi, length in enumerate(h.sim.length):
+        for hi in range(h.cache.num_kv_heads):
+            r = ids[bi][hi]
+            stored = r["low"] + r["vl"] + r["ring"]
+            assert sorted(stored) == list(range(length)), f"b={bi} h={hi}: tokens not stored exactly once"
+            # the window: the most recent ring_len >= min(length, W) tokens, oldest first
+            assert r["ring"] == list(range(length - len(r["ring"]), length))
+            assert len(r["ring"]) >= min(length, w)
+            assert len(r["ring"]) <= h.cfg.ring_size
+            # and exactly what the documented policy predicts
+            assert r["pages"] == h.sim.pages[bi][hi] and r["vl"] == h.sim.vl[bi][hi] and r["ring"] == h.sim.ring[bi][hi]
+
+
+@SETTINGS
+@given(cfg=cfg_strategy, b=st.integers(1, 2), hkv=st.integers(1, 2), n=st.sampled_from([40, 72]),
+       steps=st.integers(0, 70), scores=st.booleans(), ragged_active=st.booleans(), seed=st.integers(0, 2**31))
+def test_every_token_in_exactly_one_region(cfg, b, hkv, n, steps, scores, ragged_active, seed):
+    cfg = dataclasses.replace(cfg, key_bits=16, value_bits=16)
+    gen = np.random.default_rng(seed)
+    lengths = gen.integers(0, n + 1, b)
+    lengths[0] = gen.choice([n, min(n, cfg.window), lengths[0]])
+    h = Harness(gen, cfg, b, hkv, 2, n, 64, lengths, n + steps, ids=True, garbage=np.nan)
+    check_exactly_once(h)
+    for i in range(steps):
+        active = gen.random(b) < 0.7 if ragged_active else None
+        h.append(active, random_scores=scores and i % 3 == 0)
+        if i == steps // 2:
+            check_exactly_once(h)
+    check_exactly_once(h)
+    h.check()
+
+
+@SETTINGS
+@given(
+    scheme=st.sampled_from(["token_sym", "token_asym", "channel_key"]),
+    kbits=st.sampled_from([2, 4, 8, 16]),
+    vbits=st.sampled_from([2, 4, 8]),
+    group=st.sampled_from([None, 32]),
+    promote=st.booleans(),
+    d=st.sampled_from([64, 128]),
+    steps=st.integers(0, 40),
+    seed=st.integers(0, 2**31),
+)
+def test_low_bit_pages_hold_the_quantized_tokens(scheme, kbits, vbits, group, promote, d, steps, seed):
+    cfg = config(window=16, block_size=16, rho=0.1, scheme=scheme, key_bits=kbits, value_bits=vbits,
+                 group_size=group, promote_flushed=promote)
+    gen = np.random.default_rng(seed)
+    lengths = [gen.integers(0, 80), 80]
+    h = Harness(gen, cfg, 2, 2, 1, 80, d, lengths, 80 + steps, key_offset=3.0)
+    h.check()
+    for i in range(steps):
+        h.append(random_scores=i % 2 == 0)
+    h.check()
+
+
+CAPACITY_CONFIGS = [
+    dict(window=32, block_size=16, rho=0.1, promote_flushed=True),
+    dict(window=0, block_size=16, rho=0.05, promote_flushed=True),
+    dict(window=16, block_size=16, rho=0.0, promote_flushed=False),
+    dict(window=16, block_size=16, rho=1.0, promote_flushed=True),
+    dict(window=64, block_size=32, rho=0.3, promote_flushed=True, prefill_block=32),
+]
+
+
+@pytest.mark.parametrize("kw", CAPACITY_CONFIGS, ids=[str(i) for i in range(len(CAPACITY_CONFIGS))])
+def test_capacities_hold_any_history_up_to_max_len(kw):
+    cfg = config(key_bits=16, value_bits=16, **kw)
+    gen = rng(5)
+    n, max_len = 48, 200
+    pages, vl_cap = capacities(max_len, cfg)
+    h = Harness(gen, cfg, 3, 1, 1, n, 64, [n, 3, 0], max_len, ids=True)
+    assert h.cache.num_slots == pages * cfg.block_size and h.cache.vl_capacity == vl_cap
+    h.randomize_scores()
+    while max(h.sim.length) < max_len:
+        h.append(random_scores=max(h.sim.length) % 7 == 0)
+    check_exactly_once(h)
+    h.check()
+    assert int(np.asarray(h.cache.num_pages).max()) <= pages and int(np.asarray(h.cache.num_vl).max()) <= vl_cap
+    h.cache.check_room(0)
+    with pytest.raises(ValueError, match=r"overflow.*max_len=200"):
+        h.cache.check_room(1)
+    k, v, _ = h.step_tokens()
+    with pytest.raises(ValueError, match="max_len"):
+        append(h.cache, j32(k), j32(v), cfg)
+
+
+def test_capacities_cover_the_worst_split_between_freeze_and_flushes():
+    """Brute force over every prompt length: VL count after freeze plus every possible flush fits."""
+    for kw in CAPACITY_CONFIGS:
+        cfg = config(**kw)
+        for max_len in (1, 17, 100, 333):
+            pages, vl_cap = capacities(max_len, cfg)
+            bs, w = cfg.block_size, cfg.window
+            kf = oracle.num_vl_tokens(bs, cfg.rho) if cfg.promote_flushed else 0
+            for length in range(max_len + 1):
+                prefix = max(0, length - w)
+                ring = min(length, w)
+                flushes = 0
+                total = length
+                while total < max_len:  # append one token at a time
+                    if ring == w + bs:
+                        ring -= bs
+                        flushes += 1
+                    ring += 1
+                    total += 1
+                vl = oracle.num_vl_tokens(prefix, cfg.rho) + flushes * kf
+                used_pages = -(-(prefix - oracle.num_vl_tokens(prefix, cfg.rho)) // bs) + flushes
+                assert vl <= vl_cap and used_pages <= pages, (kw, max_len, length)
+
+
+def test_promotion_picks_the_highest_ring_scores():
+    cfg = config(window=16, block_size=16, rho=0.25, key_bits=16, value_bits=16)  # 4 of 16 promoted
+    gen = rng(6)
+    h = Harness(gen, cfg, 1, 2, 1, 32, 64, [32], 64, ids=True)
+    for _ in range(16):
+        h.append()
+    ring_ids = region_ids(h.cache, cfg)[0][0]["ring"]
+    assert ring_ids == list(range(16, 48)) and np.asarray(h.cache.ring_len).tolist() == [32]
+    score = np.zeros((1, 2, 32), np.float32)
+    start = int(h.cache.ring_start[0])
+    favourites = {0: [20, 17, 29, 16], 1: [31, 30, 18, 25]}
+    for head, toks in favourites.items():
+        for rank, tok in enumerate(toks):
+            score[0, head, (start + tok - 16) % 32] = 10.0 - rank
+    # later (not flushed) slots score even higher: must not matter
+    score[0, :, (start + 20) % 32] = 100.0
+    h.cache = with_ring_score(h.cache, score)
+    before = region_ids(h.cache, cfg)[0]
+    h.cache = append(h.cache, *(j32(x) for x in h.step_tokens()[:2]), cfg)
+    after = region_ids(h.cache, cfg)[0]
+    for head, toks in favourites.items():
+        assert after[head]["vl"] == before[head]["vl"] + sorted(toks)
+        assert after[head]["pages"][-1] == [t for t in range(16, 32) if t not in toks]
+        assert after[head]["ring"] == list(range(32, 49))
+    # the flushed block's scores were cleared, the survivors kept theirs
+    rs = np.asarray(h.cache.ring_score)
+    new_start = int(h.cache.ring_start[0])
+    assert new_start == (start + 16) % 32
+    assert (rs[0, :, (new_start + 4) % 32] == 100.0).all()  # token 36 is at age 4 of the new ring
+    assert not rs[0][:, [(start + i) % 32 for i in range(16)]].any()  # flushed slots (one reused) are 0
+
+
+def test_without_promotion_flushed_blocks_are_fully_quantized():
+    cfg = config(window=16, block_size=16, rho=0.5, promote_flushed=False, key_bits=16, value_bits=16)
+    h = Harness(rng(7), cfg, 1, 1, 1, 40, 64, [40], 120, ids=True)
+    h.randomize_scores()
+    for _ in range(80):
+        h.append(random_scores=True)
+    ids = region_ids(h.cache, cfg)[0][0]
+    assert len(ids["vl"]) == oracle.num_vl_tokens(24, 0.5)  # only the frozen prompt's VL
+    assert all(len(p) == 16 for p in ids["pages"][1:])
+    check_exactly_once(h)
+
+
+def test_accumulate_ring_scores_matches_oracle():
+    cfg = config(window=16, block_size=16, rho=0.25, scheme="token_asym")
+    gen = rng(8)
+    b, hkv, g, d = 2, 2, 3, 64
+    h = Harness(gen, cfg, b, hkv, g, 40, d, [40, 11], 80)
+    for _ in range(5):
+        h.append()
+    q = normal(gen, (b, hkv * g, d))
+    _, lse = hybrid_decode_attention_reference(j32(q), h.cache, cfg)
+    c1 = accumulate_ring_scores(h.cache, j32(q), lse, cfg)
+    c2 = accumulate_ring_scores(c1, j32(q), lse, cfg)
+    mass = oracle.ring_mass(q, h.k, h.sim, np.asarray(lse))
+    r = cfg.ring_size
+    for bi in range(b):
+        start = int(h.cache.ring_start[bi])
+        for hi in range(hkv):
+            got1 = np.asarray(c1.ring_score)[bi, hi]
+            got2 = np.asarray(c2.ring_score)[bi, hi]
+            expected = np.zeros(r)
+            for age, tok in enumerate(h.sim.ring[bi][hi]):
+                expected[(start + age) % r] = mass[bi][hi][tok]
+            np.testing.assert_allclose(got1, expected, rtol=1e-4, atol=1e-7)
+            np.testing.assert_allclose(got2, 2 * expected, rtol=1e-4, atol=1e-7)
+    # ring masses are part of the attention: at most g per KV head
+    assert np.asarray(c1.ring_score).sum(-1).max() <= g * (1 + 1e-5)
+    # a no-op when nothing will ever be promoted
+    for off in (dataclasses.replace(cfg, promote_flushed=False), dataclasses.replace(cfg, rho=0.0)):
+        same = accumulate_ring_scores(h.cache, j32(q), lse, off)
+        np.testing.assert_array_equal(np.asarray(same.ring_score), np.asarray(h.cache.ring_score))
+    # an empty sequence (lse = -inf) accumulates nothing and no NaN
+    empty = Harness(gen, cfg, 1, 1, 1, 8, d, [0], 8)
+    c = accumulate_ring_scores(empty.cache, jnp.zeros((1, 1, d)), jnp.full((1, 1), -jnp.inf), cfg)
+    assert not np.asarray(c.ring_score).any()
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_freeze_rejects_bad_inputs():
+    cfg = config()
+    k = jnp.zeros((2, 1, 40, 64))
+    q_tail = jnp.zeros((2, 2, 32, 64))
+    ok = ji32([40, 3])
+    with pytest.raises(ValueError, match=r"\[B, H_kv, N, D\]"):
+        freeze(k[0], k[0], ok, q_tail, cfg, 64)
+    with pytest.raises(ValueError, match=r"\[B, H_kv, N, D\]"):
+        freeze(k, k[:, :, :20], ok, q_tail, cfg, 64)
+    with pytest.raises(ValueError, match="lengths"):
+        freeze(k, k, ji32([40]), q_tail, cfg, 64)
+    with pytest.raises(ValueError, match="lengths"):
+        freeze(k, k, jnp.asarray([40.0, 3.0]), q_tail, cfg, 64)
+    with pytest.raises(ValueError, match="lengths"):
+        freeze(k, k, ji32([41, 3]), q_tail, cfg, 64)
+    with pytest.raises(ValueError, match="lengths"):
+        freeze(k, k, ji32([-1, 3]), q_tail, cfg, 64)
+    with pytest.raises(ValueError, match="max_len"):
+        freeze(k, k, ok, q_tail, cfg, 39)
+    with pytest.raises(ValueError, match="head_dim"):
+        freeze(jnp.zeros((2, 1, 40, 63)), jnp.zeros((2, 1, 40, 63)), ok, jnp.zeros((2, 2, 32, 63)), cfg, 64)
+
+
+def test_append_and_decode_reject_mismatches():
+    cfg = config()
+    h = Harness(rng(9), cfg, 2, 1, 2, 40, 64, [40, 3], 64)
+    with pytest.raises(ValueError, match=r"\[B, H_kv, D\]"):
+        append(h.cache, jnp.zeros((2, 2, 64)), jnp.zeros((2, 2, 64)), cfg)
+    with pytest.raises(ValueError, match="active"):
+        append(h.cache, jnp.zeros((2, 1, 64)), jnp.zeros((2, 1, 64)), cfg, active=jnp.ones((3,), bool))
+    other = dataclasses.replace(cfg, window=64)
+    with pytest.raises(ValueError, match="ring"):
+        append(h.cache, jnp.zeros((2, 1, 64)), jnp.zeros((2, 1, 64)), other)
+    with pytest.raises(ValueError, match="key_bits"):
+        hybrid_decode_attention_reference(jnp.zeros((2, 2, 64)), h.cache, dataclasses.replace(cfg, key_bits=8))
+    with pytest.raises(ValueError, match="scheme"):
+        hybrid_decode_attention_reference(jnp.zeros((2, 2, 64)), h.cache, dataclasses.replace(cfg, scheme="channel_key"))
+    with pytest.raises(ValueError, match="q must be"):
+        hybrid_decode_attention_reference(jnp.zeros((2, 3, 32)), h.cache, cfg)  # wrong head_dim
+    with pytest.raises(ValueError, match="q must be"):
+        hybrid_decode_attention_reference(jnp.zeros((1, 2, 64)), h.cache, cfg)  # wrong batch
+
+
+def test_inactive_sequences_are_untouched():
+    cfg = config(key_bits=4, value_bits=8, scheme="token_asym")
+    h = Harness(rng(10), cfg, 2, 2, 1, 48, 64, [48, 30], 120)
+    for i in range(40):
+        h.append(active=[True, i % 4 == 0])
+    before = h.cache
+    h.append(active=[False, False])
+    for name in ("k_codes", "v_codes", "vl_k", "ring_k", "ring_v", "ring_score", "length", "num_pages", "num_vl"):
+        np.testing.assert_array_equal(np.asarray(getattr(before, name)), np.asarray(getattr(h.cache, name)))
+    h.check()
