@@ -287,11 +287,12 @@ def softmax_rows(logits, v, logit_err=None, v_err=None):
     out = p @ v
     lse = np.where(rows, np.log(np.where(rows, denom, 1.0)) + peak[:, 0], -np.inf)
     e = np.zeros_like(logits) if logit_err is None else np.where(ok, np.asarray(logit_err, np.float64), 0.0)
-    ebar = (p * e).sum(axis=1, keepdims=True)
-    zu = (p * np.exp(e)).sum(axis=1, keepdims=True)
-    zu = np.where(zu > 0, zu, 1.0)
-    up = np.exp(e + ebar) - 1.0
-    down = 1.0 - np.exp(-e) / zu
+    psum = p.sum(axis=1, keepdims=True)
+    psum = np.where(psum > 0, psum, 1.0)
+    ebar = (p * e).sum(axis=1, keepdims=True) / psum
+    zu = (p * np.exp(e)).sum(axis=1, keepdims=True) / psum  # exactly 1 when e = 0
+    up = np.expm1(e + ebar)
+    down = -np.expm1(-e - np.log(zu))
     w = p * np.maximum(up, down)
     out_bound = w @ np.abs(v) + w.sum(axis=1, keepdims=True) * np.abs(out)
     if v_err is not None:
