@@ -17,7 +17,7 @@ SCHEMES = ("token_sym", "token_asym", "channel_key")
 PREFILL_QK_FORMATS = ("int8", "fp8", "bf16")
 _POW2_BLOCKS = (16, 32, 64, 128, 256)
 # rho is used as the nearest fraction with at most this denominator, so that
-# ceil(P * rho) is computed exactly in int32 arithmetic (no 60 * 0.05 = 3.0000000000000004 -> 4).
+# ceil(P * rho) is computed exactly in int32 arithmetic (a float ceil gives 100 * 0.07 = 7.000000000000001 -> 8).
 RHO_MAX_DENOMINATOR = 10_000
 
 

@@ -9,7 +9,9 @@ u - 2**(bits-1) is the signed code in [-(2**(bits-1) - 1), 2**(bits-1) - 1].
 
 Scales and zero points are stored in bf16. The codes are computed against the
 *rounded* bf16 parameters, so storing them in 16 bits adds no error beyond
-a possible clip of the largest element by < 0.4%.
+a possible clip of the extreme elements of a group by < 0.4% of their magnitude
+(the largest through a rounded-down scale; for asymmetric schemes also the
+smallest, through a zero point rounded upward).
 
 Packing: with n = 8 // bits codes per byte and Dp = D // n bytes per row,
 code j of byte i is element j * Dp + i, stored in bits [j*bits, (j+1)*bits).
