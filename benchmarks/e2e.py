@@ -274,6 +274,9 @@ def run_worker(spec_path: str) -> None:
     params = init_params(jax.random.PRNGKey(0), config, jnp.bfloat16)
     jax.block_until_ready(params)
     rows = []
+    with open(spec["device_out"], "w") as f:
+        dev = jax.devices()[0]
+        json.dump({"device": dev.device_kind, "platform": dev.platform, "device_count": jax.device_count()}, f)
 
     def save():
         with open(spec["out"], "w") as f:
@@ -332,18 +335,18 @@ def main(argv=None) -> None:
     if args.combine:
         combine(args)
         return
-    import jax
-
-    from benchmarks.common import environment, write_json
+    # This process never touches the device (it would hold GPU memory the workers need):
+    # the workers report the device, and _host_environment() is built without jax.devices().
+    from benchmarks.common import write_json
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    env = dict(os.environ, XLA_PYTHON_CLIENT_MEM_FRACTION=args.mem_fraction)
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="true", XLA_PYTHON_CLIENT_MEM_FRACTION=args.mem_fraction)
     env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "hyquant_e2e_jax_cache"))
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     config = _model(args)
     _, hq = _attention(args, "hyquant")
-    results = {"environment": environment(), "model": dataclasses.asdict(config),
+    results = {"environment": _host_environment(argv), "model": dataclasses.asdict(config),
                "params": config.num_params(), "hyquant_config": dataclasses.asdict(hq),
                "bandwidth_tbs": args.bandwidth_tbs, "steps": args.steps, "reps": args.reps,
                "b1": [], "batch": [], "prefill": []}
@@ -353,12 +356,16 @@ def main(argv=None) -> None:
             for method in args.methods.split(","):
                 spec = os.path.join(tmp, f"{section}_{method}.json")
                 out = os.path.join(tmp, f"{section}_{method}_rows.json")
+                device_out = os.path.join(tmp, f"{section}_{method}_device.json")
                 with open(spec, "w") as f:
-                    json.dump({"argv": argv, "section": section, "method": method, "out": out}, f)
+                    json.dump({"argv": argv, "section": section, "method": method, "out": out,
+                               "device_out": device_out}, f)
                 print(f"== {section} / {method}", flush=True)
                 t0 = time.perf_counter()
                 rc = subprocess.call([sys.executable, os.path.abspath(__file__), "--worker", spec], env=env, cwd=root)
                 rows = json.load(open(out)) if os.path.exists(out) else []
+                if os.path.exists(device_out):
+                    results["environment"].update(json.load(open(device_out)))
                 if rc != 0:
                     rows.append({"method": method, "error": f"worker exited with code {rc}"})
                 results[section].extend(rows)
@@ -370,7 +377,19 @@ def main(argv=None) -> None:
         png = os.path.join(args.out, f"{args.name}.png")
         plot(results, png)
         print(f"wrote {png}")
-    del jax
+
+
+def _host_environment(argv) -> dict:
+    import datetime
+    import platform
+    import shlex
+
+    import jax  # the version only: no backend is initialised here
+
+    return {"device": None, "platform": None, "jax": jax.__version__, "python": platform.python_version(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join(shlex.quote(a) for a in ["benchmarks/e2e.py"] + argv),
+            "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 
 def combine(args) -> None:
