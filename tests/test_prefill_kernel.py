@@ -27,7 +27,9 @@ from hyquant_jax import prefill_kernel as pk
 from hyquant_jax.config import HyQuantConfig, num_vl_tokens
 
 TOL = 4e-3  # relative L2 error kernel vs reference (bf16 P.V rounding is ~1.5e-3)
-PV_FP8_TOL = 2e-2
+# fp8 e4m3 P.V: P and V each carry a relative rounding error of up to 2**-4 (rms ~3.6%), so the output error
+# is a few percent; 5e-2 stays below the e4m3 unit roundoff 6.25%. Measured on the H200: 2.8e-2 (uniform, T=1000).
+PV_FP8_TOL = 5e-2
 
 
 def rel_err(a, b) -> float:
@@ -127,8 +129,11 @@ def test_hybrid_interpret_matches_reference(name, shape, lengths, config, kwargs
 def _segment_shadows(q, k, v, lengths, vl_idx, vl_count, config):
     """References that differ from the true one by one segment rule each."""
     pb, w = config.prefill_block, config.window
+    # Drop the lowest-position VL token: more query blocks see it outside their band than any other VL token,
+    # so the shadow differs for any VL selection (dropping the highest one can land inside every band).
+    fewer = jnp.concatenate([vl_idx[..., 1:], jnp.full_like(vl_idx[..., :1], -1)], axis=-1)
     yield "one VL fewer", reference.hybrid_prefill_attention_reference(
-        q, k, v, lengths, vl_idx, jnp.maximum(vl_count - 1, 0), config)
+        q, k, v, lengths, fewer, jnp.maximum(vl_count - 1, 0), config)
     yield "band one block shorter", reference.hybrid_prefill_attention_reference(
         q, k, v, lengths, vl_idx, vl_count, dataclasses.replace(config, window=w - pb))
     yield "half-size query blocks", reference.hybrid_prefill_attention_reference(
