@@ -205,7 +205,7 @@ def run_case(name, batch, q_heads, kv_heads, head_dim, context, tuning, reps, lo
     kivi_attend = cudnn_attention if "loop_ms" in row["cudnn"] else xla_attention
     row["kivi4"] = measure(lambda q, kv: kivi_attention(q, kv, kivi_attend), inp.q, (inp.kivi,), iters, reps)
     if schemes:
-        for scheme in ("token_asym", "channel_key"):
+        for scheme in sorted({"token_sym", "token_asym", "channel_key"} - {CONFIG.scheme}):
             cfg = dataclasses.replace(CONFIG, scheme=scheme)
             sinp = make_inputs(batch, q_heads, kv_heads, head_dim, context, cfg)
             row[f"hybrid_{scheme}"] = measure(hybrid_fn(cfg, tuning), sinp.q, (sinp.cache,), iters, reps)

@@ -93,7 +93,9 @@ def parse_args(argv=None):
                    help="HyQuant prefill backend (default: --backend)")
     p.add_argument("--key-bits", type=int, default=4)
     p.add_argument("--value-bits", type=int, default=4)
-    p.add_argument("--scheme", default="token_sym", choices=("token_sym", "token_asym", "channel_key"))
+    from hyquant_jax.config import SCHEMES, HyQuantConfig  # jax import only: no device is initialised
+
+    p.add_argument("--scheme", default=HyQuantConfig.scheme, choices=SCHEMES)
     p.add_argument("--window", type=int, default=128)
     p.add_argument("--rho", type=float, default=0.05)
     p.add_argument("--bandwidth-tbs", type=float, default=4.8, help="HBM bandwidth for the byte floor (H200: 4.8)")

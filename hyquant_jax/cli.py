@@ -22,7 +22,8 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("HyQuant settings")
     g.add_argument("--key-bits", type=int, default=4, choices=BITS, help="bits per key element (16 = keep bf16)")
     g.add_argument("--value-bits", type=int, default=4, choices=BITS, help="bits per value element (16 = keep bf16)")
-    g.add_argument("--scheme", default="token_sym", choices=SCHEMES, help="low-bit scaling scheme")
+    g.add_argument("--scheme", default=HyQuantConfig.scheme, choices=SCHEMES,
+                   help="low-bit scaling scheme (channel_key: per-channel keys per block, per-token values)")
     g.add_argument("--window", type=int, default=128, help="W: recent tokens kept in full precision")
     g.add_argument("--block-size", type=int, default=64, help="tokens flushed from the window at once")
     g.add_argument("--rho", type=float, default=0.05, help="share of the prefix kept as full-precision VL tokens")
