@@ -264,8 +264,9 @@ def test_append_and_decode_reject_mismatches():
         append(h.cache, jnp.zeros((2, 1, 64)), jnp.zeros((2, 1, 64)), other)
     with pytest.raises(ValueError, match="key_bits"):
         hybrid_decode_attention_reference(jnp.zeros((2, 2, 64)), h.cache, dataclasses.replace(cfg, key_bits=8))
+    other_scheme = "token_sym" if cfg.scheme == "channel_key" else "channel_key"
     with pytest.raises(ValueError, match="scheme"):
-        hybrid_decode_attention_reference(jnp.zeros((2, 2, 64)), h.cache, dataclasses.replace(cfg, scheme="channel_key"))
+        hybrid_decode_attention_reference(jnp.zeros((2, 2, 64)), h.cache, dataclasses.replace(cfg, scheme=other_scheme))
     with pytest.raises(ValueError, match="q must be"):
         hybrid_decode_attention_reference(jnp.zeros((2, 3, 32)), h.cache, cfg)  # wrong head_dim
     with pytest.raises(ValueError, match="q must be"):
