@@ -40,12 +40,9 @@ CPU check that the script runs (interpret mode, tiny shapes):
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
-import platform
-import shlex
 import shutil
 import statistics
 import sys
@@ -59,6 +56,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
+
+from benchmarks.common import environment  # noqa: E402
 
 from hyquant_jax import prefill_kernel as pk  # noqa: E402
 from hyquant_jax import reference, vti  # noqa: E402
@@ -82,19 +81,6 @@ LAYERS = [  # synthetic "layers" for the per-layer accuracy table: (name, heavy 
 
 
 # ----------------------------------------------------------------------------- environment / IO
-
-def environment() -> dict:
-    dev = jax.devices()[0]
-    return {
-        "device": dev.device_kind,
-        "platform": dev.platform,
-        "jax": jax.__version__,
-        "python": platform.python_version(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0])] + sys.argv[1:]),
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
-    }
-
 
 def log(*args):
     print(*args, flush=True)

@@ -30,7 +30,7 @@ import numpy as np
 
 from hyquant_jax import quant
 from hyquant_jax.config import HyQuantConfig, num_vl_tokens
-from hyquant_jax.vti import max_vl_count, vertical_token_identification
+from hyquant_jax.vti import vertical_token_identification
 
 SLOT_ALIGN = 256  # low-bit slots are padded to a multiple of this (kernel tiling)
 VL_ALIGN = 64  # VL capacity is padded to a multiple of this (kernel tile)

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 
 from hyquant_jax import quant
 from hyquant_jax.config import HyQuantConfig
+from hyquant_jax.reference import check_prefill_shapes
 from pallas_kernels import prefill as _kernel
 
 LOG2E = _kernel.LOG2E
@@ -214,13 +215,8 @@ def _resolve(config: HyQuantConfig, d, block_q, block_k, num_warps, num_stages):
 
 
 def _check(q, k, v, lengths):
-    if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape:
-        raise ValueError(f"q must be [B, Hq, T, D] and k, v [B, Hkv, T, D]; got {q.shape}, {k.shape}, {v.shape}")
-    b, hq, t, d = q.shape
-    if k.shape[0] != b or k.shape[2] != t or k.shape[3] != d or hq % k.shape[1]:
-        raise ValueError(f"k/v shape {k.shape} does not match q shape {q.shape} (GQA needs Hq % Hkv == 0)")
-    if lengths.shape != (b,):
-        raise ValueError(f"lengths must be int [B]={(b,)}, got {lengths.shape}")
+    check_prefill_shapes(q, k, v, lengths)
+    d = q.shape[3]
     if d < 16 or d & (d - 1):
         raise ValueError(f"head_dim must be a power of two >= 16 (64, 128, 256), got {d}")
 

@@ -222,7 +222,8 @@ def _prefill(q, k, v, lengths, is_vl, *, window, block, qk_format, hybrid, scale
     return jnp.where(q_ok, out, 0.0).astype(q.dtype)
 
 
-def _check_prefill(q, k, v, lengths):
+def check_prefill_shapes(q, k, v, lengths):
+    """Raise ValueError unless q is [B, Hq, T, D], k and v [B, Hkv, T, D] (Hq % Hkv == 0), lengths [B]."""
     if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape:
         raise ValueError(f"q must be [B, Hq, T, D] and k, v [B, Hkv, T, D]; got {q.shape}, {k.shape}, {v.shape}")
     b, hq, t, d = q.shape
@@ -245,7 +246,7 @@ def hybrid_prefill_attention_reference(q, k, v, lengths, vl_idx, vl_count, confi
     stay in full precision. Rows of padded queries are zero.
     Returns [B, Hq, T, D] in q.dtype.
     """
-    _check_prefill(q, k, v, lengths)
+    check_prefill_shapes(q, k, v, lengths)
     is_vl = vl_mask(vl_idx, vl_count, k.shape[2])
     return _prefill(q, k, v, lengths, is_vl, window=config.window, block=config.prefill_block,
                     qk_format=config.prefill_qk, hybrid=True, scale=scale, query_chunk=query_chunk)
@@ -254,7 +255,7 @@ def hybrid_prefill_attention_reference(q, k, v, lengths, vl_idx, vl_count, confi
 def uniform_quantized_prefill_reference(q, k, v, lengths, qk_format: str = "int8",
                                         scale: float | None = None, query_chunk: int = 256):
     """SageAttention-style baseline: every causal key through quantized Q.K."""
-    _check_prefill(q, k, v, lengths)
+    check_prefill_shapes(q, k, v, lengths)
     is_vl = jnp.zeros(k.shape[:3], bool)
     return _prefill(q, k, v, lengths, is_vl, window=0, block=16, qk_format=qk_format, hybrid=False,
                     scale=scale, query_chunk=query_chunk)

@@ -21,7 +21,7 @@ CORPUS = ["The quick brown fox jumps over the lazy dog. " * 3, "Hello world! Hel
 
 def numpy_weights(params: Params, config: ModelConfig) -> dict[str, np.ndarray]:
     """Params -> short-name float32 arrays in torch Linear layout ([out, in])."""
-    e, d = config.hidden_size, config.head_dim
+    e = config.hidden_size
     out = {"embed": np.asarray(params.embed, np.float32), "final_norm": np.asarray(params.final_norm, np.float32)}
     if params.lm_head is not None:
         out["lm_head"] = np.asarray(params.lm_head, np.float32).T

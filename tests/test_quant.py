@@ -7,7 +7,6 @@ midpoint); tests also check that such flags are rare, so the allowance is not va
 
 from __future__ import annotations
 
-from functools import partial
 
 import jax
 import jax.numpy as jnp
