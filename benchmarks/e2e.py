@@ -1,4 +1,4 @@
-"""End-to-end decode benchmark: Qwen3-8B-shaped model with random bf16 weights, bf16 vs HyQuant vs KIVI.
+"""End-to-end decode benchmark: Qwen3-8B/32B-shaped model with random bf16 weights, bf16 vs HyQuant vs KIVI.
 
 The same model code and the same jitted `hyquant_jax.generate.decode` loop
 (`lax.while_loop`, per-layer caches donated and updated in place) run with
@@ -24,6 +24,16 @@ bytes) / --bandwidth-tbs: weights are every parameter except the embedding
 table (only B rows of it are read); KV bytes are the cache's used bytes
 (bf16: 2 * layers * Hkv * D * 2 bytes per token).
 
+Several GPUs (--mesh data=D,model=M, `hyquant_jax.sharding`): weights are
+split Megatron-style over M GPUs (attention by KV heads) and created
+directly in that layout, caches are split by batch over D and by KV heads
+over M, and every layer's attention (the Pallas kernels included) runs per
+shard under shard_map. Each section then runs B = D sequences where it says
+B = 1 (one per data shard); batch sizes must be multiples of D. Weights read
+per step and the byte floor are per device: (the device's weight shards +
+KV bytes / (D * M)) / bandwidth; all-reduce time is not in the floor. Peak
+memory is the largest over the mesh's devices.
+
 Writes OUT/e2e_h200.json and OUT/e2e_h200.png (--name changes the stem).
 Run on the GPU box from the repository root (the package need not be installed):
   PYTHONPATH=. python benchmarks/e2e.py --out benchmarks/results
@@ -36,7 +46,11 @@ so the whole default sweep takes well over 10 minutes; split it with
       --no-until-oom --steps 16 --reps 2
 then merge the parts (here, on any machine):
   python benchmarks/e2e.py --out benchmarks/results --combine part1.json part2.json
+Qwen3-32B shape (64 layers, hidden 5120, 64/8 heads, FFN 25600) on 2 GPUs, e.g.:
+  PYTHONPATH=. python benchmarks/e2e.py --out $OUT --name q32_tp2_b1 --model qwen3-32b --mesh data=1,model=2 \
+      --sections b1 --prefixes 32768 --methods bf16,hyquant --steps 32 --reps 2
 CPU check that the script works: python benchmarks/e2e.py --smoke --out /tmp/e2e
+(add --mesh data=2,model=2: the smoke run then asks XLA for 4 virtual CPU devices)
 """
 
 from __future__ import annotations
@@ -57,6 +71,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QWEN3_8B = dict(architecture="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_layers=36,
                 num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6, qk_norm=True,
                 tie_embeddings=False, max_position=262144)
+QWEN3_32B = dict(architecture="qwen3", vocab_size=151936, hidden_size=5120, intermediate_size=25600, num_layers=64,
+                 num_heads=64, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6, qk_norm=True,
+                 tie_embeddings=False, max_position=262144)
+MODELS = {"qwen3-8b": QWEN3_8B, "qwen3-32b": QWEN3_32B}
 SMOKE = dict(architecture="qwen3", vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=2,
              num_heads=4, num_kv_heads=2, head_dim=64, rms_norm_eps=1e-6, rope_theta=1e6, qk_norm=True,
              tie_embeddings=False, max_position=65536)
@@ -85,8 +103,13 @@ def parse_args(argv=None):
     p.add_argument("--prefill-prefixes", default="4096,32768", help="prompt lengths of the prefill section")
     p.add_argument("--steps", type=int, default=64, help="decode steps per timed loop")
     p.add_argument("--reps", type=int, default=3, help="timed loops per config (median)")
+    p.add_argument("--model", default="qwen3-8b", choices=sorted(MODELS),
+                   help="model shape (random bf16 weights): qwen3-8b (36 layers) or qwen3-32b (64 layers, hidden 5120, "
+                        "64/8 heads, FFN 25600)")
+    p.add_argument("--mesh", default=None, metavar="data=D,model=M",
+                   help="shard over D*M GPUs: batch over D, weights and KV heads over M (M must divide the 8 KV heads)")
     p.add_argument("--layers", type=int, default=None,
-                   help="override the layer count (faster compiles; results then are not the 8B model's)")
+                   help="override the layer count (faster compiles; results then are not the full model's)")
     p.add_argument("--backend", default="auto", choices=("auto", "reference", "pallas", "interpret"),
                    help="HyQuant decode backend (auto: Pallas on GPU)")
     p.add_argument("--prefill-backend", default=None, choices=("auto", "reference", "pallas", "interpret"),
@@ -116,6 +139,13 @@ def parse_args(argv=None):
     for s in args.sections.split(","):
         if s not in ("b1", "batch", "prefill"):
             p.error(f"--sections: unknown section {s!r}")
+    if args.mesh:
+        from hyquant_jax.sharding import check_model_fits, parse_mesh_shape  # no device is initialised
+
+        try:
+            check_model_fits(_model(args), parse_mesh_shape(args.mesh)["model"])
+        except ValueError as e:
+            p.error(f"--mesh: {e}")
     return args
 
 
@@ -125,7 +155,7 @@ def parse_args(argv=None):
 def _model(args):
     from models import ModelConfig
 
-    shape = dict(SMOKE if args.smoke else QWEN3_8B)
+    shape = dict(SMOKE if args.smoke else MODELS[args.model])
     if args.layers:
         shape["num_layers"] = args.layers
     return ModelConfig(**shape)
@@ -147,11 +177,43 @@ def _is_oom(err: Exception) -> bool:
     return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "out of memory" in text
 
 
-def _peak_bytes() -> int | None:
+def _mesh(args):
+    """The worker's device mesh (None: one device)."""
+    if not args.mesh:
+        return None
+    from hyquant_jax.sharding import make_mesh
+
+    return make_mesh(args.mesh)
+
+
+def _data_size(mesh) -> int:
+    if mesh is None:
+        return 1
+    from hyquant_jax.sharding import mesh_sizes
+
+    return mesh_sizes(mesh)[0]
+
+
+def _devices(mesh) -> list:
     import jax
 
-    stats = jax.devices()[0].memory_stats() or {}
-    return stats.get("peak_bytes_in_use")
+    return [jax.devices()[0]] if mesh is None else list(mesh.devices.flat)
+
+
+def _peak_bytes(mesh=None) -> int | None:
+    """Peak memory in use, the largest over the devices (None when the platform does not report it)."""
+    peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in _devices(mesh)]
+    peaks = [p for p in peaks if p is not None]
+    return max(peaks) if peaks else None
+
+
+def _put(x, mesh, batch_axis=True):
+    """x on the mesh: split over "data" along axis 0 (or replicated); as is without a mesh."""
+    if mesh is None:
+        return x
+    from hyquant_jax import sharding
+
+    return sharding.put_batch(x, mesh) if batch_axis else sharding.put_replicated(x, mesh)
 
 
 def _layer_cache(attention, config, key, prefix, max_len):
@@ -180,34 +242,51 @@ def _layer_cache(attention, config, key, prefix, max_len):
     return freeze(k, v, lengths, None, attention.config, max_len, vl=empty)
 
 
-def _states(attention, config, prefix, batch, max_len, seed=0):
+def _states(attention, config, prefix, batch, max_len, seed=0, mesh=None):
+    """Per-layer decode states: one random sequence's cache tiled to `batch` (split over the mesh when given)."""
     import jax
     import jax.numpy as jnp
 
+    def tile(one):
+        return jax.tree_util.tree_map(lambda x: jnp.repeat(x, batch, axis=0), one)
+
+    tiled = None
     states = []
     for i in range(config.num_layers):
         one = _layer_cache(attention, config, jax.random.PRNGKey(seed * 1000 + i), prefix, max_len)
-        if batch > 1:
-            one = jax.tree_util.tree_map(lambda x: jnp.repeat(x, batch, axis=0), one)
+        if mesh is not None:
+            if tiled is None:  # one compiled tiling for every layer, written straight into the shards
+                from hyquant_jax.sharding import named, state_specs
+
+                tiled = jax.jit(tile, out_shardings=named(mesh, state_specs(one)))
+            one = tiled(one)
+        elif batch > 1:
+            one = tile(one)
         states.append(jax.block_until_ready(one))
     return tuple(states)
 
 
-def _decode_config(args, params, config, attention, method, prefix, batch):
-    """Time the decode loop for one (prefix, batch); returns a result dict."""
+def _decode_config(args, params, config, attention, method, prefix, batch, mesh=None):
+    """Time the decode loop for one (prefix, batch); returns a result dict.
+
+    attention: the (possibly sharded) attention of the decode loop; the
+    states are built with the unsharded one inside it.
+    """
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     from hyquant_jax import SamplingConfig, kv_cache_bytes
     from hyquant_jax.generate import decode
+    from hyquant_jax.sharding import check_batch_fits, shard_bytes
 
+    check_batch_fits(batch, _data_size(mesh))
     steps = args.steps
     max_len = prefix + (args.reps + 1) * steps + 8
-    states = _states(attention, config, prefix, batch, max_len)
-    lengths = jnp.full((batch,), prefix, jnp.int32)
-    first = jax.random.randint(jax.random.PRNGKey(1), (batch,), 0, config.vocab_size, jnp.int32)
-    key = jax.random.PRNGKey(2)
+    states = _states(getattr(attention, "inner", attention), config, prefix, batch, max_len, mesh=mesh)
+    lengths = _put(jnp.full((batch,), prefix, jnp.int32), mesh)
+    first = _put(jax.random.randint(jax.random.PRNGKey(1), (batch,), 0, config.vocab_size, jnp.int32), mesh)
+    key = _put(jax.random.PRNGKey(2), mesh, batch_axis=False)
     static = dict(config=config, attention=attention, sampling=SamplingConfig(), max_new_tokens=steps + 1,
                   eos_ids=(), pad_id=0)
     kv_start = kv_cache_bytes(attention, states, np.asarray(lengths))
@@ -225,41 +304,47 @@ def _decode_config(args, params, config, attention, method, prefix, batch):
     assert int(n) == steps, (int(n), steps)
     kv_end = kv_cache_bytes(attention, states, np.asarray(lengths))
     step_s = statistics.median(times) / steps
-    weights = params.nbytes() - params.embed.nbytes
+    devices = len(_devices(mesh))
+    weights = shard_bytes(params) - shard_bytes(params.embed)  # per device (the whole model on one device)
     kv = float((kv_start.sum() + kv_end.sum()) / 2)
-    floor_s = (weights + kv) / (args.bandwidth_tbs * 1e12)
+    floor_s = (weights + kv / devices) / (args.bandwidth_tbs * 1e12)
     del states, out
     gc.collect()
     return {"method": method, "prefix": prefix, "batch": batch, "step_ms": 1e3 * step_s,
             "tokens_per_s": batch / step_s, "loop_seconds": times, "compile_and_warmup_s": compile_s,
-            "weights_bytes_read": int(weights), "kv_bytes_read": int(kv),
+            "devices": devices, "weights_bytes_read": int(weights), "kv_bytes_read": int(kv),
+            "kv_bytes_read_per_device": int(kv / devices),
             "kv_bytes_per_sequence": int(kv / batch), "floor_ms": 1e3 * floor_s,
-            "floor_over_step": floor_s / step_s, "peak_bytes": _peak_bytes()}
+            "floor_over_step": floor_s / step_s, "peak_bytes": _peak_bytes(mesh)}
 
 
-def _prefill_config(args, params, config, attention, method, prefix):
+def _prefill_config(args, params, config, attention, method, prefix, mesh=None):
+    """Time the whole-prompt prefill (+ Freeze) of B = 1 prompt per data shard."""
     import jax
     import jax.numpy as jnp
 
     from hyquant_jax import SamplingConfig
     from hyquant_jax.generate import prefill
 
-    tokens = jax.random.randint(jax.random.PRNGKey(3), (1, prefix), 0, config.vocab_size, jnp.int32)
-    lengths = jnp.array([prefix], jnp.int32)
+    batch = _data_size(mesh)
+    tokens = _put(jax.random.randint(jax.random.PRNGKey(3), (batch, prefix), 0, config.vocab_size, jnp.int32), mesh)
+    lengths = _put(jnp.full((batch,), prefix, jnp.int32), mesh)
     static = dict(config=config, attention=attention, sampling=SamplingConfig(), chunk=prefix, max_len=prefix + 8)
     t0 = time.perf_counter()
-    compiled = prefill.lower(params, tokens, lengths, jax.random.PRNGKey(0), **static).compile()
+    key0 = _put(jax.random.PRNGKey(0), mesh, batch_axis=False)
+    compiled = prefill.lower(params, tokens, lengths, key0, **static).compile()
     compile_s = time.perf_counter() - t0
     times = []
     for r in range(args.reps + 1):
+        key = _put(jax.random.PRNGKey(r), mesh, batch_axis=False)
         t0 = time.perf_counter()
-        first, _, states = compiled(params, tokens, lengths, jax.random.PRNGKey(r))
+        first, _, states = compiled(params, tokens, lengths, key)
         jax.block_until_ready((first, states))
         times.append(time.perf_counter() - t0)
         del states
     seconds = statistics.median(times[1:]) if len(times) > 1 else times[0]
-    return {"method": method, "prefix": prefix, "seconds": seconds, "tokens_per_s": prefix / seconds,
-            "compile_s": compile_s, "peak_bytes": _peak_bytes()}
+    return {"method": method, "prefix": prefix, "batch": batch, "seconds": seconds,
+            "tokens_per_s": batch * prefix / seconds, "compile_s": compile_s, "peak_bytes": _peak_bytes(mesh)}
 
 
 def run_worker(spec_path: str) -> None:
@@ -273,12 +358,21 @@ def run_worker(spec_path: str) -> None:
     section, method = spec["section"], spec["method"]
     config = _model(args)
     attention, _ = _attention(args, method)
-    params = init_params(jax.random.PRNGKey(0), config, jnp.bfloat16)
+    mesh = _mesh(args)
+    if mesh is None:
+        params = init_params(jax.random.PRNGKey(0), config, jnp.bfloat16)
+    else:
+        from hyquant_jax.sharding import ShardedAttention, describe_mesh, init_params_sharded
+
+        params = init_params_sharded(jax.random.PRNGKey(0), config, mesh, jnp.bfloat16)
+        attention = ShardedAttention(attention, mesh)
+        print(f"mesh: {describe_mesh(mesh)}", flush=True)
     jax.block_until_ready(params)
     rows = []
     with open(spec["device_out"], "w") as f:
         dev = jax.devices()[0]
-        json.dump({"device": dev.device_kind, "platform": dev.platform, "device_count": jax.device_count()}, f)
+        json.dump({"device": dev.device_kind, "platform": dev.platform, "device_count": jax.device_count(),
+                   "mesh_devices": len(_devices(mesh))}, f)
 
     def save():
         with open(spec["out"], "w") as f:
@@ -286,18 +380,20 @@ def run_worker(spec_path: str) -> None:
 
     if section == "prefill":
         for prefix in _ints(args.prefill_prefixes):
-            rows.append(_guarded(lambda: _prefill_config(args, params, config, attention, method, prefix),
+            rows.append(_guarded(lambda: _prefill_config(args, params, config, attention, method, prefix, mesh),
                                  method=method, prefix=prefix))
             save()
         return
     if section == "b1":
         for prefix in _ints(args.prefixes):
-            rows.append(_guarded(lambda: _decode_config(args, params, config, attention, method, prefix, 1),
-                                 method=method, prefix=prefix, batch=1))
+            b1 = _data_size(mesh)  # one sequence per data shard
+            rows.append(_guarded(lambda: _decode_config(args, params, config, attention, method, prefix, b1, mesh),
+                                 method=method, prefix=prefix, batch=b1))
             save()
         return
-    for batch in _batch_sizes(args):
-        row = _guarded(lambda: _decode_config(args, params, config, attention, method, args.batch_prefix, batch),
+    for batch in _batch_sizes(args, _data_size(mesh)):
+        row = _guarded(lambda: _decode_config(args, params, config, attention, method, args.batch_prefix, batch,
+                                              mesh),
                        method=method, prefix=args.batch_prefix, batch=batch)
         rows.append(row)
         save()
@@ -305,7 +401,12 @@ def run_worker(spec_path: str) -> None:
             break
 
 
-def _batch_sizes(args):
+def _batch_sizes(args, data: int = 1):
+    """Batch sizes of the sweep: --batches, then (with --until-oom) steps of the last gap; multiples of data only."""
+    yield from (b for b in _batch_sizes_all(args) if b % data == 0)
+
+
+def _batch_sizes_all(args):
     sizes = _ints(args.batches)
     yield from sizes
     if args.until_oom and sizes:
@@ -344,11 +445,20 @@ def main(argv=None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="true", XLA_PYTHON_CLIENT_MEM_FRACTION=args.mem_fraction)
     env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "hyquant_e2e_jax_cache"))
+    mesh_shape = None
+    if args.mesh:
+        from hyquant_jax.sharding import parse_mesh_shape
+
+        mesh_shape = parse_mesh_shape(args.mesh)
+        if args.smoke:  # CPU check: enough virtual host devices for the mesh
+            count = mesh_shape["data"] * mesh_shape["model"]
+            env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={count}".strip()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     config = _model(args)
     _, hq = _attention(args, "hyquant")
     results = {"environment": _host_environment(argv), "model": dataclasses.asdict(config),
+               "model_name": "smoke" if args.smoke else args.model, "mesh": mesh_shape,
                "params": config.num_params(), "hyquant_config": dataclasses.asdict(hq),
                "bandwidth_tbs": args.bandwidth_tbs, "steps": args.steps, "reps": args.reps,
                "b1": [], "batch": [], "prefill": []}
@@ -417,6 +527,12 @@ def combine(args) -> None:
         plot(merged, os.path.join(args.out, f"{args.name}.png"))
 
 
+def _b1(results) -> str:
+    """Label of the 'B = 1' sections: one sequence per data shard with a mesh."""
+    mesh = results.get("mesh")
+    return f"{mesh['data']} (1 per data shard)" if mesh and mesh["data"] > 1 else "1"
+
+
 def print_tables(results) -> None:
     def speedups(rows, keys):
         base = {tuple(r[k] for k in keys): r for r in rows if r.get("method") == "bf16" and "step_ms" in r}
@@ -428,7 +544,7 @@ def print_tables(results) -> None:
     speedups(results["b1"], ("prefix",))
     speedups(results["batch"], ("batch",))
     if results["b1"]:
-        print("\nB=1 decode: prefix, method, ms/step, tokens/s, floor ms, floor/step, x bf16")
+        print(f"\nB={_b1(results)} decode: prefix, method, ms/step, tokens/s, floor ms, floor/step, x bf16")
         for r in results["b1"]:
             if "step_ms" in r:
                 print(f"  {r['prefix']:>7} {r['method']:>8} {r['step_ms']:8.2f} {r['tokens_per_s']:9.1f} "
@@ -445,7 +561,7 @@ def print_tables(results) -> None:
             else:
                 print(f"  {r.get('batch', '-'):>5} {r['method']:>8} {'OOM' if r.get('oom') else r.get('error', '')[:80]}")
     if results["prefill"]:
-        print("\nprefill (B=1): prefix, method, seconds, tokens/s")
+        print(f"\nprefill (B={_b1(results)}): prefix, method, seconds, tokens/s")
         for r in results["prefill"]:
             if "seconds" in r:
                 print(f"  {r['prefix']:>7} {r['method']:>8} {r['seconds']:8.3f} {r['tokens_per_s']:10.0f}")
@@ -485,8 +601,10 @@ def plot(results, path) -> None:
         if ax.lines:
             ax.legend(fontsize=8)
     env = results["environment"]
-    fig.suptitle(f"{env['device']}, {results['params'] / 1e9:.2f}B-param Qwen3-shaped model, random bf16 weights, "
-                 f"jax {env['jax']}")
+    mesh = results.get("mesh")
+    where = f" x{mesh['data'] * mesh['model']} (mesh data={mesh['data']},model={mesh['model']})" if mesh else ""
+    fig.suptitle(f"{env['device']}{where}, {results['params'] / 1e9:.2f}B-param Qwen3-shaped model, random bf16 "
+                 f"weights, jax {env['jax']}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -189,7 +189,7 @@ def check_capacity(lengths: np.ndarray, padded_len: int, max_new_tokens: int, ma
 def generate(params: Params, config: ModelConfig, prompts: Sequence[Sequence[int]], *, attention,
              max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(), eos_ids: Sequence[int] | None = None,
              pad_id: int = 0, seed: int = 0, prefill_chunk: int = 2048, bucket: int = 64,
-             max_len: int | None = None, keep_states: bool = False) -> GenerateResult:
+             max_len: int | None = None, keep_states: bool = False, mesh=None) -> GenerateResult:
     """Generate continuations of a ragged batch of token-id prompts.
 
     params, config: the model (`models.load_model` or `models.init_params`).
@@ -202,6 +202,10 @@ def generate(params: Params, config: ModelConfig, prompts: Sequence[Sequence[int
     prefill_chunk: prompts longer than this are prefilled in chunks of this size.
     max_len: decode-state capacity per sequence (None: just enough).
     keep_states: return the final per-layer states (e.g. to count cache bytes).
+    mesh: optional ("data", "model") `jax.sharding.Mesh` (`hyquant_jax.sharding.make_mesh`): the
+      weights are split Megatron-style over "model", the batch over "data", and each layer's
+      attention runs per shard under `shard_map` (`hyquant_jax.sharding`). Raises ValueError
+      when the KV heads do not divide the model axis or the batch does not divide the data axis.
     """
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
@@ -212,8 +216,15 @@ def generate(params: Params, config: ModelConfig, prompts: Sequence[Sequence[int
         raise ValueError(f"prompt token ids must lie in [0, {config.vocab_size}), got "
                          f"[{int(tokens.min())}, {int(tokens.max())}]")
     key = jax.random.PRNGKey(seed)
+    put, host = jnp.asarray, np.asarray
+    if mesh is not None:
+        from hyquant_jax import sharding
+
+        params, attention = sharding.prepare(params, config, attention, mesh, batch=len(prompts))
+        put, host = partial(sharding.put_batch, mesh=mesh), sharding.to_host
+        key = sharding.put_replicated(key, mesh)
     static = dict(config=config, attention=attention, sampling=sampling)
-    tokens_j, lengths_j = jnp.asarray(tokens), jnp.asarray(lengths)
+    tokens_j, lengths_j = put(tokens), put(lengths)
 
     t0 = time.perf_counter()
     prefill_fn = prefill.lower(params, tokens_j, lengths_j, key, chunk=prefill_chunk, max_len=cap,
@@ -230,9 +241,9 @@ def generate(params: Params, config: ModelConfig, prompts: Sequence[Sequence[int
     compile_s += time.perf_counter() - t0
     t0 = time.perf_counter()
     out, count, states, positions, steps = decode_fn(params, states, first, lengths_j, key)
-    out = np.asarray(out)
+    out = host(out)
     decode_s = time.perf_counter() - t0
-    return GenerateResult(tokens=out, lengths=np.asarray(count), cache_lengths=np.asarray(positions),
+    return GenerateResult(tokens=out, lengths=host(count), cache_lengths=host(positions),
                           prompt_lengths=lengths, compile_seconds=compile_s, prefill_seconds=prefill_s,
                           decode_seconds=decode_s, decode_steps=int(steps), max_len=cap,
                           states=states if keep_states else None)

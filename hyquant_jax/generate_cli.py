@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -95,6 +96,14 @@ def add_generate_args(p) -> None:
     p.add_argument("--prefill-block", type=int, default=64,
                    help="query block of hybrid prefill (power of two, 16-256; must divide --window)")
     p.add_argument("--prefill-chunk", type=int, default=2048, help="prompts longer than this are prefilled in chunks")
+    p.add_argument("--mesh", default=None, metavar="data=D,model=M",
+                   help="run on a device mesh: weights split Megatron-style over M devices (attention by KV heads, "
+                        "which M must divide), the prompts over D (the prompt count must be a multiple of D); "
+                        "e.g. data=1,model=2. On CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N gives N "
+                        "virtual devices")
+    p.add_argument("--distributed", action="store_true",
+                   help="call jax.distributed.initialize() first (several hosts; the cluster is auto-detected), "
+                        "so --mesh spans every host's devices")
     p.add_argument("--json", help="also write the results to this JSON file")
 
 
@@ -136,10 +145,22 @@ def run_generate(args, config: HyQuantConfig, echo=print) -> dict:
 
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if getattr(args, "distributed", False):
+        jax.distributed.initialize()
+        if jax.process_index() != 0:
+            echo = _quiet
+    mesh = None
+    if getattr(args, "mesh", None):
+        from hyquant_jax.sharding import make_mesh
+
+        mesh = make_mesh(args.mesh)
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
     dtype = _compute_dtype(args.dtype)
     t0 = time.perf_counter()
-    model_cfg, params, tokenizer = load_model(args.model, dtype, progress=True)
+    # With a mesh, weights are read into host memory and then split over the devices (no device holds all).
+    where = jax.default_device(jax.devices("cpu")[0]) if mesh is not None else contextlib.nullcontext()
+    with where:
+        model_cfg, params, tokenizer = load_model(args.model, dtype, progress=True)
     load_s = time.perf_counter() - t0
     model_name = Path(args.model).name if args.model else "SmolLM2-135M-Instruct.Q4_1.gguf (default)"
     texts = _prompts(args, tokenizer)
@@ -150,6 +171,10 @@ def run_generate(args, config: HyQuantConfig, echo=print) -> dict:
          f"{model_cfg.num_params() / 1e6:.0f}M params (loaded in {load_s:.1f} s)")
     echo(f"device: {jax.devices()[0].device_kind} ({jax.default_backend()}), compute {jnp.dtype(dtype).name}, "
          f"bf16 KV cache, HyQuant backend {backend}")
+    if mesh is not None:
+        from hyquant_jax.sharding import describe_mesh
+
+        echo(f"mesh: {describe_mesh(mesh)}")
     echo(f"prompts: {len(prompts)}, lengths {[len(p) for p in prompts]} tokens; "
          f"max {args.max_new_tokens} new tokens, {'greedy' if sampling.greedy else 'sampling'}")
 
@@ -162,7 +187,7 @@ def run_generate(args, config: HyQuantConfig, echo=print) -> dict:
         res = generate(params, model_cfg, prompts, attention=attention, max_new_tokens=args.max_new_tokens,
                        sampling=sampling, eos_ids=tokenizer.eos_ids or model_cfg.eos_token_ids,
                        pad_id=tokenizer.pad_id or 0, seed=args.seed, prefill_chunk=args.prefill_chunk,
-                       keep_states=True)
+                       keep_states=True, mesh=mesh)
         kv = kv_cache_bytes(attention, res.states, res.cache_lengths)
         bf16_kv = res.cache_lengths.astype(np.int64) * model_cfg.kv_bytes_per_token(2)
         generated = int(res.lengths.sum())
@@ -191,6 +216,8 @@ def run_generate(args, config: HyQuantConfig, echo=print) -> dict:
 
     result = {"model": model_name, "device": jax.devices()[0].device_kind, "compute_dtype": jnp.dtype(dtype).name,
               "backend": backend, "prompt_lengths": [len(p) for p in prompts], "runs": runs}
+    if mesh is not None:
+        result["mesh"] = dict(mesh.shape)
     if len(kinds) == 2:
         shares = [agreement(a, b) for a, b in zip(runs[kinds[0]]["tokens"], runs["bf16"]["tokens"])]
         total = sum(max(len(a), len(b)) for a, b in zip(runs[kinds[0]]["tokens"], runs["bf16"]["tokens"]))
@@ -204,6 +231,10 @@ def run_generate(args, config: HyQuantConfig, echo=print) -> dict:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     return result
+
+
+def _quiet(*args, **kwargs) -> None:
+    """echo of the processes other than 0 in a multi-host run."""
 
 
 def _describe(kind: str, config: HyQuantConfig) -> str:

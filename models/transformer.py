@@ -101,44 +101,56 @@ def init_params(key: jax.Array, config: ModelConfig, dtype=jnp.bfloat16) -> Para
     """Random weights of the config's shapes (benchmarks and tests).
 
     Linear weights ~ N(0, 1/fan_in), norms ~ 1 + N(0, 0.1^2), biases ~ N(0, 0.1^2);
-    scaled so activations stay O(1) through many layers.
+    scaled so activations stay O(1) through many layers. Layer i is
+    `init_layer_params(keys[i])` and the rest `init_outer_params(keys[-3:])`
+    with keys = jax.random.split(key, num_layers + 3) (so a sharded init can
+    compile one layer once and call it per layer).
     """
+    keys = jax.random.split(key, config.num_layers + 3)
+    layers = tuple(init_layer_params(keys[i], config, dtype) for i in range(config.num_layers))
+    embed, final_norm, lm_head = init_outer_params(keys[-3:], config, dtype)
+    return Params(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)
+
+
+def _normal(k, shape, std, dtype):
+    return (jax.random.normal(k, shape, jnp.float32) * std).astype(dtype)
+
+
+def _norm_weight(k, n, dtype):
+    return (1.0 + 0.1 * jax.random.normal(k, (n,), jnp.float32)).astype(dtype)
+
+
+def init_layer_params(key: jax.Array, config: ModelConfig, dtype=jnp.bfloat16) -> LayerParams:
+    """One decoder layer of `init_params` from its key."""
     e, f, d = config.hidden_size, config.intermediate_size, config.head_dim
     hq, hkv = config.num_heads, config.num_kv_heads
     depth = 1.0 / math.sqrt(2 * config.num_layers)
-
-    def normal(k, shape, std):
-        return (jax.random.normal(k, shape, jnp.float32) * std).astype(dtype)
-
-    def norm(k, n):
-        return (1.0 + 0.1 * jax.random.normal(k, (n,), jnp.float32)).astype(dtype)
-
-    keys = jax.random.split(key, config.num_layers + 3)
-    layers = []
-    for i in range(config.num_layers):
-        ks = jax.random.split(keys[i], 14)
-        layers.append(LayerParams(
-            attn_norm=norm(ks[0], e),
-            wq=normal(ks[1], (e, hq, d), 1 / math.sqrt(e)),
-            wk=normal(ks[2], (e, hkv, d), 1 / math.sqrt(e)),
-            wv=normal(ks[3], (e, hkv, d), 1 / math.sqrt(e)),
-            wo=normal(ks[4], (hq, d, e), depth / math.sqrt(hq * d)),
-            bq=normal(ks[5], (hq, d), 0.1) if config.qkv_bias else None,
-            bk=normal(ks[6], (hkv, d), 0.1) if config.qkv_bias else None,
-            bv=normal(ks[7], (hkv, d), 0.1) if config.qkv_bias else None,
-            q_norm=norm(ks[8], d) if config.qk_norm else None,
-            k_norm=norm(ks[9], d) if config.qk_norm else None,
-            mlp_norm=norm(ks[10], e),
-            w_gate=normal(ks[11], (e, f), 1 / math.sqrt(e)),
-            w_up=normal(ks[12], (e, f), 1 / math.sqrt(e)),
-            w_down=normal(ks[13], (f, e), depth / math.sqrt(f)),
-        ))
-    return Params(
-        embed=normal(keys[-3], (config.vocab_size, e), 1.0),
-        layers=tuple(layers),
-        final_norm=norm(keys[-2], e),
-        lm_head=None if config.tie_embeddings else normal(keys[-1], (e, config.vocab_size), 1 / math.sqrt(e)),
+    ks = jax.random.split(key, 14)
+    return LayerParams(
+        attn_norm=_norm_weight(ks[0], e, dtype),
+        wq=_normal(ks[1], (e, hq, d), 1 / math.sqrt(e), dtype),
+        wk=_normal(ks[2], (e, hkv, d), 1 / math.sqrt(e), dtype),
+        wv=_normal(ks[3], (e, hkv, d), 1 / math.sqrt(e), dtype),
+        wo=_normal(ks[4], (hq, d, e), depth / math.sqrt(hq * d), dtype),
+        bq=_normal(ks[5], (hq, d), 0.1, dtype) if config.qkv_bias else None,
+        bk=_normal(ks[6], (hkv, d), 0.1, dtype) if config.qkv_bias else None,
+        bv=_normal(ks[7], (hkv, d), 0.1, dtype) if config.qkv_bias else None,
+        q_norm=_norm_weight(ks[8], d, dtype) if config.qk_norm else None,
+        k_norm=_norm_weight(ks[9], d, dtype) if config.qk_norm else None,
+        mlp_norm=_norm_weight(ks[10], e, dtype),
+        w_gate=_normal(ks[11], (e, f), 1 / math.sqrt(e), dtype),
+        w_up=_normal(ks[12], (e, f), 1 / math.sqrt(e), dtype),
+        w_down=_normal(ks[13], (f, e), depth / math.sqrt(f), dtype),
     )
+
+
+def init_outer_params(keys: jax.Array, config: ModelConfig, dtype=jnp.bfloat16):
+    """(embed, final_norm, lm_head or None) of `init_params` from its last three keys."""
+    e, v = config.hidden_size, config.vocab_size
+    embed = _normal(keys[0], (v, e), 1.0, dtype)
+    final_norm = _norm_weight(keys[1], e, dtype)
+    lm_head = None if config.tie_embeddings else _normal(keys[2], (e, v), 1 / math.sqrt(e), dtype)
+    return embed, final_norm, lm_head
 
 
 def cast_params(params: Params, dtype) -> Params:

@@ -1,0 +1,466 @@
+"""Tensor- and data-parallel sharding over a device mesh (JAX's own engine: Mesh, NamedSharding, shard_map).
+
+A mesh has two axes, "data" (the batch) and "model" (Megatron-style tensor
+parallelism). `make_mesh("data=1,model=2")` builds one over the first
+data * model devices (with `jax.distributed.initialize()` first, over the
+devices of several hosts).
+
+Weights (`param_specs`), replicated over "data":
+
+  q/k/v projections wq [E, Hq, D], wk/wv [E, Hkv, D] (biases [H, D]): split
+    by heads over "model" (column-parallel). Splitting Hkv into m contiguous
+    chunks and Hq into m contiguous chunks keeps each KV head and its query
+    group (heads h*G .. h*G+G-1) on the same shard, so attention needs no
+    communication.
+  wo [Hq, D, E]: split by heads (row-parallel; XLA adds one all-reduce).
+  MLP w_gate/w_up [E, F]: split over F (column-parallel); w_down [F, E]: over
+    F (row-parallel; one all-reduce).
+  embed [V, E]: replicated. The token lookup is a gather; replicating it
+    needs no collective, and a decode step reads only B of its rows.
+  lm_head [E, V]: split over the vocabulary when V divides the model axis
+    (else replicated). Every decode step reads all of it (1.6 GB for
+    Qwen3-32B), so splitting divides that read; each logit is still a full
+    E-contraction on one device (bit-identical to one device), and sampling's
+    argmax/top-k over the split vocabulary is a small collective on [B, V].
+    With tied embeddings the table stays replicated.
+  norms: replicated.
+
+Attention states (`state_specs`): every per-head array (a KV-head axis at
+axis 1: KVBuffer k/v, PromptStaging k/v/q_tail, every HybridKVCache code,
+scale, VL, ring and ring_score array) is split P("data", "model", ...);
+per-sequence arrays (page_count [B, pages], num_pages, num_vl, ring_start,
+ring_len, length [B]) are split over "data" only and are identical on every
+"model" shard.
+
+`ShardedAttention` wraps any attention implementation (bf16, HyQuant with
+the reference or Pallas backend, the quantized baselines) so that each
+layer's prefill, finish_prefill (Freeze) and decode (append, window flush,
+VTI, kernel) run per shard under `jax.shard_map`: each device sees its local
+batch rows and KV heads. All of that is per (sequence, KV head), so no
+collective runs inside; the Pallas kernels are custom calls that XLA could
+not partition itself, so the shard_map is required for them. The dense part
+of the model (projections, MLP, head) is partitioned by XLA from the weight
+shardings under `jax.jit`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from hyquant_jax.cache import HybridKVCache
+from hyquant_jax.model_attention import PromptStaging
+from models.attention import DecodeContext, KVBuffer, PrefillContext
+from models.config import ModelConfig
+from models.transformer import LayerParams, Params, init_layer_params, init_outer_params
+
+DATA = "data"
+MODEL = "model"
+AXES = (DATA, MODEL)
+
+# HybridKVCache fields indexed by sequence only (everything else has a KV-head axis at axis 1).
+CACHE_PER_SEQUENCE = frozenset({"page_count", "num_pages", "num_vl", "ring_start", "ring_len", "length"})
+
+
+# --------------------------------------------------------------------------- mesh
+
+
+def parse_mesh_shape(text: str | Mapping[str, int]) -> dict[str, int]:
+    """"data=1,model=2" (or a mapping) -> {"data": 1, "model": 2}; a missing axis is 1.
+
+    Raises ValueError for unknown axis names, repeated axes, or sizes that
+    are not positive integers.
+    """
+    if isinstance(text, Mapping):
+        items = [(str(k), v) for k, v in text.items()]
+    else:
+        items = []
+        for part in str(text).split(","):
+            part = part.strip()
+            if not part:
+                continue
+            m = re.fullmatch(r"([A-Za-z_]\w*)\s*=\s*(\S+)", part)
+            if not m:
+                raise ValueError(f"mesh shape {text!r}: {part!r} is not AXIS=SIZE (e.g. 'data=1,model=2')")
+            items.append((m.group(1), m.group(2)))
+        if not items:
+            raise ValueError(f"mesh shape {text!r} names no axis; write e.g. 'data=1,model=2'")
+    shape = {DATA: 1, MODEL: 1}
+    seen = set()
+    for name, size in items:
+        if name not in AXES:
+            raise ValueError(f"mesh shape {text!r}: unknown axis {name!r}; the axes are {AXES}")
+        if name in seen:
+            raise ValueError(f"mesh shape {text!r}: axis {name!r} given twice")
+        seen.add(name)
+        integral = (isinstance(size, int) and not isinstance(size, bool)) or (
+            isinstance(size, str) and size.strip().isdigit())
+        if not integral or int(size) < 1:
+            raise ValueError(f"mesh shape {text!r}: axis {name!r} needs a positive integer size, got {size!r}")
+        shape[name] = int(size)
+    return shape
+
+
+def make_mesh(shape: str | Mapping[str, int], devices=None) -> Mesh:
+    """A ("data", "model") Mesh over the first data * model devices.
+
+    shape: "data=D,model=M" or a mapping; devices: defaults to `jax.devices()`
+    (all hosts' devices after `jax.distributed.initialize()`). Raises
+    ValueError when the mesh needs more devices than there are (on a CPU-only
+    machine the message says how to get virtual host devices).
+    """
+    sizes = parse_mesh_shape(shape)
+    d, m = sizes[DATA], sizes[MODEL]
+    devices = list(jax.devices() if devices is None else devices)
+    need = d * m
+    if need > len(devices):
+        hint = ""
+        if devices and devices[0].platform == "cpu":
+            hint = (f"; on a CPU-only machine set XLA_FLAGS=--xla_force_host_platform_device_count={need} "
+                    "before JAX starts to get that many virtual host devices")
+        raise ValueError(f"mesh data={d},model={m} needs {need} devices but only {len(devices)} "
+                         f"{devices[0].platform if devices else ''} device(s) are visible{hint}")
+    auto = (jax.sharding.AxisType.Auto,) * 2
+    return jax.make_mesh((d, m), AXES, axis_types=auto, devices=devices[:need])
+
+
+def mesh_sizes(mesh: Mesh) -> tuple[int, int]:
+    """(data, model) sizes of a mesh built by `make_mesh`."""
+    missing = [a for a in AXES if a not in mesh.shape]
+    if missing:
+        raise ValueError(f"the mesh needs axes {AXES}, it has {tuple(mesh.axis_names)}; build it with make_mesh")
+    return mesh.shape[DATA], mesh.shape[MODEL]
+
+
+def describe_mesh(mesh: Mesh) -> str:
+    d, m = mesh_sizes(mesh)
+    return f"data={d},model={m} over {d * m} {mesh.devices.flat[0].platform} device(s)"
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def check_model_fits(config: ModelConfig, model_size: int) -> None:
+    """Raise ValueError unless the model splits over a model axis of this size."""
+    hkv, hq, f = config.num_kv_heads, config.num_heads, config.intermediate_size
+    if hkv % model_size:
+        raise ValueError(f"the model has {hkv} KV heads, which do not divide over the model axis of size "
+                         f"{model_size}; attention is split by KV heads, so pick a model axis that divides {hkv}")
+    if hq % model_size:  # implied by the line above (Hq is a multiple of Hkv); kept for a clear message
+        raise ValueError(f"the model has {hq} query heads, which do not divide over the model axis of size "
+                         f"{model_size}")
+    if f % model_size:
+        raise ValueError(f"the MLP width intermediate_size={f} does not divide over the model axis of size "
+                         f"{model_size}")
+
+
+def check_batch_fits(batch: int, data_size: int) -> None:
+    """Raise ValueError unless `batch` sequences split evenly over the data axis."""
+    if batch % data_size:
+        raise ValueError(f"a batch of {batch} sequence(s) does not divide over the data axis of size {data_size}; "
+                         f"pass a multiple of {data_size} prompts or use a smaller data axis")
+
+
+# --------------------------------------------------------------------------- specs
+
+
+def param_specs(config: ModelConfig, model_size: int | None = None) -> Params:
+    """PartitionSpecs of a `Params` pytree for `config` (see the module docstring).
+
+    model_size: the model axis size, only to decide whether lm_head splits
+    over the vocabulary (None: it does).
+    """
+    col = P(None, MODEL)
+    row = P(MODEL, None)
+    heads_in = P(None, MODEL, None)
+    bias = row if config.qkv_bias else None
+    norm = P() if config.qk_norm else None
+    layer = LayerParams(
+        attn_norm=P(), wq=heads_in, wk=heads_in, wv=heads_in, wo=P(MODEL, None, None),
+        bq=bias, bk=bias, bv=bias, q_norm=norm, k_norm=norm,
+        mlp_norm=P(), w_gate=col, w_up=col, w_down=row,
+    )
+    split_vocab = model_size is None or config.vocab_size % model_size == 0
+    head = None if config.tie_embeddings else (col if split_vocab else P())
+    return Params(embed=P(), layers=(layer,) * config.num_layers, final_norm=P(), lm_head=head)
+
+
+def state_specs(state) -> Any:
+    """PartitionSpecs of one layer's attention state (same pytree structure; None stays None).
+
+    Supported: None, KVBuffer, PromptStaging, HybridKVCache (also when the
+    leaves are ShapeDtypeStructs, e.g. from `jax.eval_shape`).
+    """
+    if state is None:
+        return None
+    heads = P(DATA, MODEL)  # trailing axes unsplit
+    if isinstance(state, (KVBuffer, PromptStaging)):
+        return dataclasses.replace(state, **{f.name: heads for f in dataclasses.fields(state)})
+    if isinstance(state, HybridKVCache):
+        specs = {}
+        for f in dataclasses.fields(state):
+            if f.name == "max_len":
+                continue
+            x = getattr(state, f.name)
+            if x is None:
+                specs[f.name] = None
+            elif f.name in CACHE_PER_SEQUENCE:
+                specs[f.name] = P(DATA)
+            else:
+                specs[f.name] = heads
+        return dataclasses.replace(state, **specs)
+    raise TypeError(f"no sharding rule for attention state {type(state).__name__}; supported: None, KVBuffer, "
+                    "PromptStaging, HybridKVCache")
+
+
+def _ctx_specs(ctx):
+    if isinstance(ctx, PrefillContext):
+        return dataclasses.replace(ctx, offset=P(), lengths=P(DATA))
+    if isinstance(ctx, DecodeContext):
+        return DecodeContext(positions=P(DATA), active=P(DATA))
+    raise TypeError(f"unknown attention context {type(ctx).__name__}")
+
+
+def _is_spec(x) -> bool:
+    return isinstance(x, P)
+
+
+def named(mesh: Mesh, specs):
+    """Pytree of PartitionSpecs -> the same pytree of NamedShardings on `mesh`."""
+    return jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s), specs, is_leaf=_is_spec)
+
+
+# --------------------------------------------------------------------------- placing arrays
+
+
+def _place(x, sharding: NamedSharding) -> jax.Array:
+    """Put one array onto `sharding` (also across hosts: each process supplies its own shards)."""
+    if sharding.is_fully_addressable:
+        return jax.device_put(x, sharding)
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def place(tree, shardings):
+    """Put every array of `tree` onto the matching sharding of the `shardings` pytree."""
+    return jax.tree_util.tree_map(lambda s, x: _place(x, s), shardings, tree,
+                                  is_leaf=lambda s: isinstance(s, NamedSharding))
+
+
+def shard_params(params: Params, config: ModelConfig, mesh: Mesh) -> Params:
+    """Place the weights on `mesh` (Megatron-style over "model", replicated over "data")."""
+    _, m = mesh_sizes(mesh)
+    check_model_fits(config, m)
+    return place(params, named(mesh, param_specs(config, m)))
+
+
+def init_params_sharded(key: jax.Array, config: ModelConfig, mesh: Mesh, dtype=jnp.bfloat16) -> Params:
+    """`models.init_params` computed directly into the sharded layout.
+
+    The same random draws (values equal up to the last bit of `dtype`: under
+    jit XLA may fuse the scaling differently than the eager `init_params`).
+
+    No device ever holds more than its shards. One layer is compiled once
+    (with `out_shardings`) and called per layer: compiling the whole 64-layer
+    init as one program takes minutes.
+    """
+    _, m = mesh_sizes(mesh)
+    check_model_fits(config, m)
+    shardings = named(mesh, param_specs(config, m))
+    keys = jax.random.split(key, config.num_layers + 3)
+    make_layer = jax.jit(lambda k: init_layer_params(k, config, dtype), out_shardings=shardings.layers[0])
+    layers = tuple(make_layer(keys[i]) for i in range(config.num_layers))
+    outer = (shardings.embed, shardings.final_norm, shardings.lm_head)
+    embed, final_norm, lm_head = jax.jit(lambda k: init_outer_params(k, config, dtype), out_shardings=outer)(keys[-3:])
+    return Params(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)
+
+
+def shard_state(state, mesh: Mesh):
+    """Place one layer's attention state on `mesh` (batch over "data", KV heads over "model")."""
+    _check_state(state, mesh)
+    return place(state, named(mesh, state_specs(state)))
+
+
+def shard_states(states: tuple, mesh: Mesh) -> tuple:
+    """`shard_state` for every layer."""
+    return tuple(shard_state(s, mesh) for s in states)
+
+
+def _check_state(state, mesh: Mesh) -> None:
+    if state is None:
+        return
+    d, m = mesh_sizes(mesh)
+    first = jax.tree_util.tree_leaves(state)[0]
+    check_batch_fits(first.shape[0], d)
+    heads = state.num_kv_heads if isinstance(state, HybridKVCache) else state.k.shape[1]
+    if heads % m:
+        raise ValueError(f"the attention state has {heads} KV heads, which do not divide over the model axis "
+                         f"of size {m}")
+
+
+def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+    """Sharding of a [B, ...] array split over "data" along its first axis."""
+    return NamedSharding(mesh, P(DATA, *([None] * (ndim - 1))))
+
+
+def put_batch(x, mesh: Mesh) -> jax.Array:
+    """A host or device array [B, ...] split over "data" along B (checks that B divides)."""
+    x = np.asarray(x) if not isinstance(x, jax.Array) else x
+    check_batch_fits(x.shape[0], mesh_sizes(mesh)[0])
+    return _place(x, batch_sharding(mesh, x.ndim))
+
+
+def put_replicated(x, mesh: Mesh) -> jax.Array:
+    """An array copied to every device of `mesh` (e.g. a PRNG key)."""
+    return _place(x, NamedSharding(mesh, P()))
+
+
+def to_host(x) -> np.ndarray:
+    """A (possibly multi-host) array as one numpy array on this host."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+
+def shard_bytes(tree) -> int:
+    """Bytes of `tree` held by one device (the first shard of each array): per-device weight/cache bytes."""
+    total = 0
+    for x in jax.tree_util.tree_leaves(tree):
+        shards = getattr(x, "addressable_shards", None)
+        total += shards[0].data.nbytes if shards else x.nbytes
+    return total
+
+
+# --------------------------------------------------------------------------- attention per shard
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardedAttention:
+    """Run an attention implementation per shard of a ("data", "model") mesh.
+
+    inner: any `models.attention.Attention` (BF16Attention, HybridAttention
+    with any backend, QuantizedCacheAttention). Each call is wrapped in
+    `jax.shard_map`: q [B, Hq, ...] and k, v [B, Hkv, ...] enter split
+    P("data", "model"), the state by `state_specs`, contexts by batch; inside,
+    `inner` sees B/data sequences and Hkv/model KV heads (and their query
+    heads) and runs exactly as on one device (Freeze, append, window flush,
+    VTI and the kernels are per (sequence, KV head): no collective). Outputs
+    leave with the same specs, so states keep one layout across prefill and
+    the donated decode loop. Hashable (static under jit).
+
+    check_vma: shard_map's replication check; it verifies that per-sequence
+    state arrays really are identical over "model". Pallas calls may not
+    carry that typing, so it is off for kernel backends by default (None).
+    """
+
+    inner: Any
+    mesh: Mesh
+    check_vma: bool | None = None
+
+    def __post_init__(self):
+        mesh_sizes(self.mesh)
+
+    @property
+    def data_size(self) -> int:
+        return mesh_sizes(self.mesh)[0]
+
+    @property
+    def model_size(self) -> int:
+        return mesh_sizes(self.mesh)[1]
+
+    def _vma(self) -> bool:
+        if self.check_vma is not None:
+            return self.check_vma
+        backends = [getattr(self.inner, "backend", "reference"), getattr(self.inner, "prefill_backend", None)]
+        from hyquant_jax.attention import resolve_backend
+
+        return all(b is None or resolve_backend(b) == "reference" for b in backends)
+
+    def _check(self, q, k):
+        check_batch_fits(q.shape[0], self.data_size)
+        if k.shape[1] % self.model_size:
+            raise ValueError(f"the model has {k.shape[1]} KV heads, which do not divide over the model axis of "
+                             f"size {self.model_size}")
+
+    def _per_shard(self, fn, args, in_specs, out_first):
+        """shard_map(fn) with out_specs (out_first, state_specs(new state)) from an abstract trace."""
+        out_struct = jax.eval_shape(fn, *args)
+        if out_first is None:
+            out_specs = state_specs(out_struct)
+        else:
+            out_specs = (out_first, state_specs(out_struct[1]))
+        run = jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=self._vma())
+        return run(*args)
+
+    def prefill_state(self, config, batch, prompt_len, max_len, dtype, whole):
+        check_batch_fits(batch, self.data_size)
+        state = self.inner.prefill_state(config, batch, prompt_len, max_len, dtype, whole)
+        if state is None:
+            return None
+        return jax.lax.with_sharding_constraint(state, named(self.mesh, state_specs(state)))
+
+    def prefill(self, layer, q, k, v, state, ctx: PrefillContext):
+        self._check(q, k)
+        heads = P(DATA, MODEL)
+
+        def fn(q, k, v, state, ctx):
+            return self.inner.prefill(layer, q, k, v, state, ctx)
+
+        return self._per_shard(fn, (q, k, v, state, ctx), (heads, heads, heads, state_specs(state), _ctx_specs(ctx)),
+                               heads)
+
+    def finish_prefill(self, layer, state, ctx: PrefillContext):
+        def fn(state, ctx):
+            return self.inner.finish_prefill(layer, state, ctx)
+
+        return self._per_shard(fn, (state, ctx), (state_specs(state), _ctx_specs(ctx)), None)
+
+    def decode(self, layer, q, k, v, state, ctx: DecodeContext):
+        self._check(q, k)
+        heads = P(DATA, MODEL)
+
+        def fn(q, k, v, state, ctx):
+            return self.inner.decode(layer, q, k, v, state, ctx)
+
+        return self._per_shard(fn, (q, k, v, state, ctx), (heads, heads, heads, state_specs(state), _ctx_specs(ctx)),
+                               heads)
+
+    def used_bytes(self, state, lengths=None) -> np.ndarray:
+        return self.inner.used_bytes(state, lengths)
+
+
+def shard_attention(attention, mesh: Mesh) -> ShardedAttention:
+    """Wrap `attention` for `mesh` (an already wrapped one must use the same mesh)."""
+    if isinstance(attention, ShardedAttention):
+        if attention.mesh != mesh:
+            raise ValueError("the attention is already sharded over a different mesh")
+        return attention
+    return ShardedAttention(attention, mesh)
+
+
+def prepare(params: Params, config: ModelConfig, attention, mesh: Mesh, batch: int):
+    """Validate and shard for `generate`: (sharded params, ShardedAttention).
+
+    Raises ValueError when the KV heads (or MLP width) do not divide the model
+    axis or the batch does not divide the data axis.
+    """
+    d, m = mesh_sizes(mesh)
+    check_model_fits(config, m)
+    check_batch_fits(batch, d)
+    return shard_params(params, config, mesh), shard_attention(attention, mesh)
+
+
+__all__ = [
+    "AXES", "DATA", "MODEL", "ShardedAttention", "batch_sharding", "check_batch_fits", "check_model_fits",
+    "describe_mesh", "init_params_sharded", "make_mesh", "mesh_sizes", "named", "param_specs", "parse_mesh_shape",
+    "place", "prepare", "put_batch", "put_replicated", "shard_attention", "shard_bytes", "shard_params", "shard_state",
+    "shard_states", "state_specs", "to_host",
+]

@@ -1,0 +1,188 @@
+"""hyquant_jax.sharding: mesh parsing, specs, errors, and sharded generate == single-device generate.
+
+The sharded-vs-single comparisons need 8 devices, which XLA only creates when
+XLA_FLAGS=--xla_force_host_platform_device_count=8 is set before JAX starts;
+this pytest process already started JAX (other test files import it), so they
+run in one fresh interpreter (`sharded_generate_worker.py`, about 2 minutes
+on 2 cores) and each case is reported as its own test here. The rest runs
+in-process on one device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from hyquant_jax import HyQuantConfig, cli, freeze, sharding
+from hyquant_jax.generate import generate
+from hyquant_jax.model_attention import PromptStaging, make_attention
+from models import BF16Attention, KVBuffer, ModelConfig, init_params
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import sharded_generate_worker as worker  # noqa: E402  (importing it only reads CASES; no device is touched)
+
+COMPARISONS = [c for c, (kind, _, _) in worker.CASES.items() if kind is not None]
+ERRORS = {"error-kv-heads": ["4 KV heads", "model axis of size 8"],
+          "error-batch": ["batch of 3", "data axis of size 2"],
+          "error-state-heads": ["3 KV heads", "model axis of size 2"]}
+
+
+@pytest.fixture(scope="module")
+def sharded_runs():
+    """Run every worker case once in a subprocess with 8 host devices; {case: row}."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parent), str(HERE), env.get("PYTHONPATH")]))
+    env.pop("XLA_FLAGS", None)
+    proc = subprocess.run([sys.executable, str(HERE / "sharded_generate_worker.py")], capture_output=True, text=True,
+                          timeout=900, env=env, cwd=str(HERE.parent))
+    rows = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("{") and '"case"' in line:
+            row = json.loads(line)
+            rows[row["case"]] = row
+    if not rows:
+        pytest.fail(f"the sharding worker printed no results (rc={proc.returncode}):\n{proc.stderr[-4000:]}")
+    return rows
+
+
+@pytest.mark.parametrize("case", COMPARISONS)
+def test_sharded_generate_equals_single_device(sharded_runs, case):
+    """Greedy tokens of the sharded run equal the single-device run's, and states have the sharded layout."""
+    row = sharded_runs.get(case)
+    assert row is not None, f"worker did not report {case}"
+    assert row["ok"], f"{case}: {row['detail']}"
+
+
+@pytest.mark.parametrize("case", list(ERRORS))
+def test_sharded_generate_errors(sharded_runs, case):
+    row = sharded_runs[case]
+    assert row["ok"], row["detail"]
+    for words in ERRORS[case]:
+        assert words in row["detail"], row["detail"]
+
+
+# --------------------------------------------------------------------------- in-process (one device)
+
+
+def test_parse_mesh_shape():
+    assert sharding.parse_mesh_shape("data=1,model=2") == {"data": 1, "model": 2}
+    assert sharding.parse_mesh_shape(" model = 4 ") == {"data": 1, "model": 4}
+    assert sharding.parse_mesh_shape({"data": 2}) == {"data": 2, "model": 1}
+    for bad, words in [("data=1,tensor=2", "unknown axis 'tensor'"), ("model=0", "positive integer"),
+                       ("model=two", "positive integer"), ("model", "AXIS=SIZE"), ("", "names no axis"),
+                       ("model=2,model=2", "given twice"), ({"model": 1.5}, "positive integer")]:
+        with pytest.raises(ValueError, match=words):
+            sharding.parse_mesh_shape(bad)
+
+
+def test_make_mesh_needs_enough_devices():
+    n = len(jax.devices())
+    mesh = sharding.make_mesh(f"data=1,model={n}")
+    assert sharding.mesh_sizes(mesh) == (1, n) and mesh.axis_names == ("data", "model")
+    with pytest.raises(ValueError, match=f"needs {n + 1} devices") as err:
+        sharding.make_mesh(f"data={n + 1},model=1")
+    if jax.devices()[0].platform == "cpu":
+        assert f"XLA_FLAGS=--xla_force_host_platform_device_count={n + 1}" in str(err.value)
+
+
+def test_divisibility_errors_name_the_numbers():
+    config = ModelConfig("llama", vocab_size=64, hidden_size=32, intermediate_size=96, num_layers=1, num_heads=6,
+                         num_kv_heads=3, head_dim=16)
+    sharding.check_model_fits(config, 3)
+    with pytest.raises(ValueError, match="3 KV heads, which do not divide over the model axis of size 2"):
+        sharding.check_model_fits(config, 2)
+    odd_mlp = ModelConfig("llama", vocab_size=64, hidden_size=32, intermediate_size=90, num_layers=1, num_heads=4,
+                          num_kv_heads=4, head_dim=16)
+    with pytest.raises(ValueError, match="intermediate_size=90 does not divide over the model axis of size 4"):
+        sharding.check_model_fits(odd_mlp, 4)
+    with pytest.raises(ValueError, match="batch of 5 sequence"):
+        sharding.check_batch_fits(5, 2)
+
+
+@pytest.mark.parametrize("flags", [dict(qkv_bias=True), dict(qk_norm=True), dict(tie_embeddings=True)])
+def test_param_specs_match_the_params_pytree(flags):
+    config = ModelConfig("qwen3", vocab_size=60, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                         num_kv_heads=2, head_dim=16, **flags)
+    params = init_params(jax.random.PRNGKey(0), config, jnp.float32)
+    specs = sharding.param_specs(config, 2)
+    is_spec = lambda x: isinstance(x, P)  # noqa: E731
+    assert jax.tree_util.tree_structure(specs, is_leaf=is_spec) == jax.tree_util.tree_structure(params)
+    for spec, x in zip(jax.tree_util.tree_leaves(specs, is_leaf=is_spec), jax.tree_util.tree_leaves(params)):
+        assert len(spec) <= x.ndim
+    layer = specs.layers[0]
+    assert layer.wq == layer.wk == P(None, "model", None) and layer.wo == P("model", None, None)
+    assert layer.w_gate == P(None, "model") and layer.w_down == P("model", None) and specs.embed == P()
+    if not config.tie_embeddings:
+        assert specs.lm_head == P(None, "model")
+        assert sharding.param_specs(config, 7).lm_head == P()  # 60 % 7: the head stays whole
+
+
+def test_state_specs_split_heads_and_sequences():
+    hq = HyQuantConfig(window=16, block_size=16, prefill_block=16, rho=0.1)
+    b, h, n, d = 2, 2, 48, 32
+    k = jax.random.normal(jax.random.PRNGKey(0), (b, h, n, d))
+    q_tail = jax.random.normal(jax.random.PRNGKey(1), (b, 4, 16, d))
+    cache = freeze(k, k, jnp.array([48, 30], jnp.int32), q_tail, hq, 96)
+    specs = sharding.state_specs(cache)
+    assert specs.max_len == cache.max_len
+    for name in sharding.CACHE_PER_SEQUENCE:
+        assert getattr(specs, name) == P("data"), name
+    for name in ("k_codes", "k_scale", "v_codes", "vl_k", "ring_k", "ring_score"):
+        assert getattr(specs, name) == P("data", "model"), name
+    assert (cache.k_zero is None) == (specs.k_zero is None)
+    assert sharding.state_specs(KVBuffer(k, k)) == KVBuffer(P("data", "model"), P("data", "model"))
+    staging = sharding.state_specs(PromptStaging(k, k, q_tail))
+    assert staging.q_tail == P("data", "model")
+    assert sharding.state_specs(None) is None
+    with pytest.raises(TypeError, match="no sharding rule"):
+        sharding.state_specs({"k": k})
+
+
+def test_shard_state_places_every_array():
+    mesh = sharding.make_mesh("data=1,model=1")
+    k = jax.random.normal(jax.random.PRNGKey(0), (2, 2, 48, 32))
+    cache = freeze(k, k, jnp.array([48, 30], jnp.int32), k[:, :, -16:], HyQuantConfig(window=16, block_size=16,
+                                                                                          prefill_block=16), 96)
+    placed = sharding.shard_state(cache, mesh)
+    for x, y in zip(jax.tree_util.tree_leaves(placed), jax.tree_util.tree_leaves(cache)):
+        assert isinstance(x.sharding, jax.sharding.NamedSharding) and np.array_equal(x, y)
+    assert sharding.shard_bytes(placed) == cache.nbytes()
+    assert sharding.shard_states((None,), mesh) == (None,)
+
+
+def test_one_device_mesh_generate_equals_plain_generate():
+    config = ModelConfig("llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                         num_kv_heads=2, head_dim=16, max_position=512)
+    params = init_params(jax.random.PRNGKey(0), config, jnp.float32)
+    prompts = [[1, 2, 3, 4, 5], [7, 8]]
+    mesh = sharding.make_mesh("data=1,model=1")
+    attention = BF16Attention()
+    plain = generate(params, config, prompts, attention=attention, max_new_tokens=6, eos_ids=())
+    sharded = generate(params, config, prompts, attention=attention, max_new_tokens=6, eos_ids=(), mesh=mesh)
+    assert np.array_equal(plain.tokens, sharded.tokens)
+    wrapped = sharding.ShardedAttention(attention, mesh)
+    assert hash(wrapped) == hash(sharding.ShardedAttention(BF16Attention(), mesh))
+    assert sharding.shard_attention(wrapped, mesh) is wrapped
+    assert sharding.ShardedAttention(make_attention("hyquant", backend="interpret"), mesh)._vma() is False
+    assert sharding.ShardedAttention(make_attention("hyquant", backend="reference"), mesh)._vma() is True
+
+
+def test_cli_mesh_errors(capsys):
+    n = len(jax.devices())
+    assert cli.main(["generate", "--mesh", f"data={n + 1}"]) == 2
+    err = capsys.readouterr().err
+    assert f"needs {n + 1} devices" in err
+    if jax.devices()[0].platform == "cpu":
+        assert "xla_force_host_platform_device_count" in err
+    assert cli.main(["generate", "--mesh", "tensor=2"]) == 2
+    assert "unknown axis 'tensor'" in capsys.readouterr().err
