@@ -71,9 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name, what in (("bench", "a benchmark"), ("eval", "an evaluation")):
         p = sub.add_parser(
             name, help=f"run {what} script from benchmarks/ (no NAME: list them)",
-            description=f"Run benchmarks/{'eval_' if name == 'eval' else ''}NAME.py from this source checkout "
-                        "with the remaining arguments (for example `hyquant bench e2e --help`). Without NAME, "
-                        "list the available scripts.")
+            description=f"Run benchmarks/{'eval_NAME.py or accuracy.py' if name == 'eval' else 'NAME.py'} from "
+                        "this source checkout with the remaining arguments (for example `hyquant bench e2e --help`). "
+                        "Without NAME, list the available scripts.")
         p.add_argument("name", nargs="?", help="script name without .py" + (" and the eval_ prefix" if name == "eval"
                                                                                    else ""))
         p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
@@ -110,6 +110,10 @@ def benchmarks_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "benchmarks"
 
 
+# Evaluation scripts named without the eval_ prefix (issue 6 named it benchmarks/accuracy.py).
+EVAL_SCRIPTS = ("accuracy",)
+
+
 def _scripts(kind: str) -> dict[str, Path]:
     folder = benchmarks_dir()
     if not folder.is_dir():
@@ -122,7 +126,9 @@ def _scripts(kind: str) -> dict[str, Path]:
             continue
         if kind == "eval" and stem.startswith("eval_"):
             found[stem[5:]] = path
-        elif kind == "bench" and not stem.startswith("eval_"):
+        elif kind == "eval" and stem in EVAL_SCRIPTS:
+            found[stem] = path
+        elif kind == "bench" and not stem.startswith("eval_") and stem not in EVAL_SCRIPTS:
             found[stem] = path
     return found
 
