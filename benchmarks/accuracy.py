@@ -39,6 +39,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -46,7 +47,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-DATA = ROOT.parent / "shared" / "data"
+
+
+def _data_dir() -> Path:
+    """Evaluation data: $HYQUANT_DATA, else ../shared/data beside the checkout, else /work/shared/data
+    (where this workplace keeps it, so a clone elsewhere, e.g. in CI, still finds it)."""
+    if os.environ.get("HYQUANT_DATA"):
+        return Path(os.environ["HYQUANT_DATA"])
+    for candidate in (ROOT.parent / "shared" / "data", Path("/work/shared/data")):
+        if candidate.exists():
+            return candidate
+    return ROOT.parent / "shared" / "data"
+
+
+DATA = _data_dir()
 DEFAULT_WIKITEXT = DATA / "wikitext-2-raw" / "wiki.test.raw"
 DEFAULT_ESSAYS = DATA / "paul_graham_essays"
 SECTIONS = ("coverage", "operator", "perplexity", "retrieval", "greedy")
