@@ -223,6 +223,7 @@ def _layer_cache(attention, config, key, prefix, max_len):
 
     from hyquant_jax import HybridAttention, freeze
     from models import KVBuffer
+    from models.attention import cache_slots
 
     kk, kv, kq = jax.random.split(key, 3)
     shape = (1, config.num_kv_heads, prefix, config.head_dim)
@@ -230,7 +231,7 @@ def _layer_cache(attention, config, key, prefix, max_len):
     v = jax.random.normal(kv, shape, jnp.bfloat16)
     lengths = jnp.array([prefix], jnp.int32)
     if not hasattr(attention, "config"):  # bf16
-        pad = ((0, 0), (0, 0), (0, max_len - prefix), (0, 0))
+        pad = ((0, 0), (0, 0), (0, cache_slots(max_len) - prefix), (0, 0))
         return KVBuffer(jnp.pad(k, pad), jnp.pad(v, pad))
     if isinstance(attention, HybridAttention):
         from hyquant_jax.vti import tail_query_count

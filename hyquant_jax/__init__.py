@@ -8,6 +8,7 @@ from hyquant_jax.cache import (
     capacities,
     dequantize_keys,
     dequantize_values,
+    flush_full_rings,
     freeze,
 )
 from hyquant_jax.config import HyQuantConfig, num_vl_tokens
@@ -56,6 +57,7 @@ __all__ = [
     "dequantize_tokens",
     "dequantize_values",
     "exact_attention",
+    "flush_full_rings",
     "freeze",
     "generate",
     "hybrid_decode_attention_reference",

@@ -42,12 +42,13 @@ def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, backend: st
 
 
 def decode_step(q, k, v, cache: HybridKVCache, config: HyQuantConfig, backend: str = "auto",
-                active=None, scale: float | None = None):
+                active=None, scale: float | None = None, flush: bool = True):
     """Append this step's k, v [B, Hkv, D], attend with q [B, Hq, D], update ring scores.
 
+    flush=False: the window rings were already given room (`flush_full_rings`, see `append`).
     Returns (out [B, Hq, D], new cache).
     """
-    cache = append(cache, k, v, config, active=active)
+    cache = append(cache, k, v, config, active=active, flush=flush)
     out, lse = decode_attention(q, cache, config, backend=backend, scale=scale)
     cache = accumulate_ring_scores(cache, q, lse, config, scale=scale)
     return out, cache

@@ -405,6 +405,7 @@ def append(
     v: jax.Array,
     config: HyQuantConfig,
     active: jax.Array | None = None,
+    flush: bool = True,
 ) -> HybridKVCache:
     """Add one decoded token per sequence.
 
@@ -412,7 +413,9 @@ def append(
     left unchanged). If a sequence's ring is full, its oldest block is
     flushed first: quantized into a new page, or, with `promote_flushed`, its
     top-rho tokens by `ring_score` move to the VL region and the rest are
-    quantized. Called outside jit, it checks capacity on the host first.
+    quantized. flush=False: the caller has already made room with
+    `flush_full_rings` (no active ring is full), so the flush is not even
+    considered. Called outside jit, it checks capacity on the host first.
     """
     want = (cache.batch, cache.num_kv_heads, cache.head_dim)
     if k.shape != want or v.shape != want:
@@ -423,14 +426,39 @@ def append(
         raise ValueError(f"append: active must be bool [B]={(cache.batch,)}, got {active.shape}")
     if _concrete(cache.length):
         cache.check_room(1)
+        if not flush and _concrete(active) and bool(np.any(np.asarray(_full_rings(cache, active, config)))):
+            raise ValueError("append(flush=False): a sequence's window ring is full; call flush_full_rings first")
     check_cache(cache, config)
-    return _append(cache, k, v, active, config)
+    return _append(cache, k, v, active, config, flush)
+
+
+def _full_rings(cache: HybridKVCache, active, config: HyQuantConfig):
+    return active & (cache.ring_len == config.ring_size)
 
 
 @partial(jax.jit, static_argnames=("config",))
-def _append(cache: HybridKVCache, k, v, active, config: HyQuantConfig) -> HybridKVCache:
-    flush = active & (cache.ring_len == config.ring_size)
-    cache = _flush_oldest_block(cache, flush, config)
+def flush_full_rings(caches: tuple[HybridKVCache, ...], config: HyQuantConfig, active: jax.Array) -> tuple:
+    """Make room for one token in every full window ring of several caches (e.g. all layers).
+
+    active: bool [B]. Each cache's full rings (of active sequences) flush
+    their oldest block as in `append`. One `lax.cond` guards all caches:
+    most decode steps flush nothing and then run no flush kernels at all
+    (a per-layer cond costs a device-side branch per layer and step).
+    """
+    caches = tuple(caches)
+    full = [_full_rings(c, active, config) for c in caches]
+    return jax.lax.cond(
+        jnp.any(jnp.stack(full)),
+        lambda cs: tuple(_flush_oldest_block(c, f, config) for c, f in zip(cs, full)),
+        lambda cs: cs,
+        caches,
+    )
+
+
+@partial(jax.jit, static_argnames=("config", "flush"))
+def _append(cache: HybridKVCache, k, v, active, config: HyQuantConfig, flush: bool = True) -> HybridKVCache:
+    if flush:  # most steps flush nothing: skip the block quantization and its ~40 small kernels then
+        (cache,) = flush_full_rings((cache,), config, active)
     ring = config.ring_size
     slot = (cache.ring_start + cache.ring_len) % ring
     ring_k = _write_rows(cache.ring_k, slot, k[:, :, None].astype(cache.dtype), active)

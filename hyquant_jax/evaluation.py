@@ -41,7 +41,7 @@ from hyquant_jax.model_attention import HybridAttention, QuantizedCacheAttention
 from hyquant_jax.reference import _quantized_logits, check_prefill_shapes, exact_attention, softmax_attend, vl_mask
 from hyquant_jax.sparse_attention import VerticalSparseAttention, sparse_prefill_attention
 from hyquant_jax.vti import tail_queries, tail_query_count, vertical_token_identification
-from models.attention import BF16Attention, DecodeContext, KVBuffer, PrefillContext, grouped_attention
+from models.attention import BF16Attention, DecodeContext, KVBuffer, PrefillContext, cache_slots, grouped_attention
 from models.config import ModelConfig
 from models.transformer import Params, forward
 
@@ -246,7 +246,7 @@ def decode_state(attention, kv: PromptKV, lengths: jax.Array, max_len: int):
         raise ValueError(f"max_len={max_len} must be >= the padded prompt length {t}")
     if isinstance(attention, BF16Attention):
         dt = attention.cache_dtype or kv.k.dtype
-        pad = ((0, 0), (0, 0), (0, max_len - t), (0, 0))
+        pad = ((0, 0), (0, 0), (0, cache_slots(max_len) - t), (0, 0))
         return KVBuffer(jnp.pad(kv.k.astype(dt), pad), jnp.pad(kv.v.astype(dt), pad))
     if isinstance(attention, QuantizedCacheAttention):
         return freeze(kv.k, kv.v, lengths, None, attention.config, max_len, vl=_empty_vl(b, h))

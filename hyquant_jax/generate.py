@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hyquant_jax.sampling import SamplingConfig, sample
-from models.attention import DecodeContext, PrefillContext
+from models.attention import DecodeContext, PrefillContext, begin_decode_step
 from models.config import ModelConfig
 from models.transformer import Params, forward
 
@@ -154,7 +154,7 @@ def decode(params: Params, states: tuple, first: jax.Array, lengths: jax.Array, 
 
     def body(c):
         step, out, last, positions, active, count, states = c
-        ctx = DecodeContext(positions, active)
+        states, ctx = begin_decode_step(attention, states, DecodeContext(positions, active))
         logits, states = forward(params, last[:, None], ctx, states, config=config, attention=attention)
         token = sample(logits[:, 0], jax.random.fold_in(key, step), sampling)
         token = jnp.where(active, token, pad_id)

@@ -43,6 +43,7 @@ from hyquant_jax.cache import (
     append,
     dequantize_keys,
     dequantize_values,
+    flush_full_rings,
     freeze,
     low_bit_valid,
     ring_valid,
@@ -152,7 +153,11 @@ class HybridAttention:
     def decode(self, layer, q, k, v, cache: HybridKVCache, ctx: DecodeContext):
         dt = cache.dtype
         return decode_step(q, k.astype(dt), v.astype(dt), cache, self.config, backend=self.backend,
-                           active=ctx.active)
+                           active=ctx.active, flush=not ctx.prepared)
+
+    def begin_decode_step(self, states: tuple, ctx: DecodeContext) -> tuple:
+        """Flush every full window ring of all layers under one branch (see `flush_full_rings`)."""
+        return flush_full_rings(states, self.config, ctx.active)
 
     def used_bytes(self, cache: HybridKVCache, lengths=None) -> np.ndarray:
         return cache.used_bytes(self.config)
@@ -197,8 +202,12 @@ class QuantizedCacheAttention:
 
     def decode(self, layer, q, k, v, cache: HybridKVCache, ctx: DecodeContext):
         dt = cache.dtype
-        cache = append(cache, k.astype(dt), v.astype(dt), self.config, active=ctx.active)
+        cache = append(cache, k.astype(dt), v.astype(dt), self.config, active=ctx.active, flush=not ctx.prepared)
         return dequantized_attention(q, cache, self.config, f32_probs=BF16Attention()._f32()), cache
+
+    def begin_decode_step(self, states: tuple, ctx: DecodeContext) -> tuple:
+        """Flush every full window ring of all layers under one branch (see `flush_full_rings`)."""
+        return flush_full_rings(states, self.config, ctx.active)
 
     def used_bytes(self, cache: HybridKVCache, lengths=None) -> np.ndarray:
         return cache.used_bytes(self.config)

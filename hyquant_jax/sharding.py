@@ -223,7 +223,7 @@ def _ctx_specs(ctx):
     if isinstance(ctx, PrefillContext):
         return dataclasses.replace(ctx, offset=P(), lengths=P(DATA))
     if isinstance(ctx, DecodeContext):
-        return DecodeContext(positions=P(DATA), active=P(DATA))
+        return dataclasses.replace(ctx, positions=P(DATA), active=P(DATA))
     raise TypeError(f"unknown attention context {type(ctx).__name__}")
 
 
@@ -432,6 +432,16 @@ class ShardedAttention:
 
         return self._per_shard(fn, (q, k, v, state, ctx), (heads, heads, heads, state_specs(state), _ctx_specs(ctx)),
                                heads)
+
+    def begin_decode_step(self, states: tuple, ctx: DecodeContext) -> tuple:
+        """The inner implementation's once-per-step work, per shard (states keep their layout)."""
+        begin = getattr(self.inner, "begin_decode_step", None)
+        if begin is None:
+            return states
+        specs = tuple(state_specs(s) for s in states)
+        run = jax.shard_map(begin, mesh=self.mesh, in_specs=(specs, _ctx_specs(ctx)), out_specs=specs,
+                            check_vma=self._vma())
+        return run(states, ctx)
 
     def used_bytes(self, state, lengths=None) -> np.ndarray:
         return self.inner.used_bytes(state, lengths)

@@ -11,7 +11,8 @@ Life of a state, per layer (driven by `hyquant_jax.generate`):
     state = attn.prefill_state(config, batch, prompt_len, max_len, dtype, whole)
     out, state = attn.prefill(layer, q, k, v, state, ctx)   # per prompt chunk
     state = attn.finish_prefill(layer, state, ctx)          # after the last chunk
-    out, state = attn.decode(layer, q, k, v, state, step)   # per decode step
+    states, step = begin_decode_step(attn, states, step)    # per decode step, all layers
+    out, state = attn.decode(layer, q, k, v, state, step)   # per decode step, per layer
 
 Implementations are frozen dataclasses (hashable: static under `jax.jit`);
 states are pytrees. Shapes: B batch, Hq query heads, Hkv KV heads, T tokens
@@ -51,7 +52,7 @@ class PrefillContext:
     whole: bool = False
 
 
-@partial(jax.tree_util.register_dataclass, data_fields=["positions", "active"], meta_fields=[])
+@partial(jax.tree_util.register_dataclass, data_fields=["positions", "active"], meta_fields=["prepared"])
 @dataclasses.dataclass(frozen=True)
 class DecodeContext:
     """One decode step: one new token per sequence.
@@ -59,10 +60,13 @@ class DecodeContext:
     positions: int32 [B] position of this step's token (= tokens cached before it).
     active: bool [B] sequences still generating; the state of an inactive
       sequence must not grow (its outputs are ignored).
+    prepared: static; True when `begin_decode_step` already ran on this
+      step's states (see `begin_decode_step`).
     """
 
     positions: jax.Array
     active: jax.Array
+    prepared: bool = False
 
 
 class Attention(Protocol):
@@ -83,9 +87,26 @@ class Attention(Protocol):
                ctx: DecodeContext) -> tuple[jax.Array, Any]:
         """q [B, Hq, D], k, v [B, Hkv, D] -> (out [B, Hq, D], state with k, v appended)."""
 
+    # Optional: `begin_decode_step(self, states: tuple, ctx) -> states`, work done once per decode
+    # step for all layers together before the layers' `decode` calls (see `begin_decode_step`).
+
     def used_bytes(self, state: Any, lengths) -> "np.ndarray":
         """Host-side: bytes per sequence (int64 [B]) that one layer's decode state uses
         for `lengths` cached tokens."""
+
+
+def begin_decode_step(attention, states: tuple, ctx: DecodeContext) -> tuple[tuple, DecodeContext]:
+    """Run the implementation's optional once-per-step work on all layers' states.
+
+    Returns (states, ctx with prepared=True). An implementation without
+    `begin_decode_step` gets its states and ctx back unchanged; one with it
+    (the hybrid cache: flush full window rings under a single branch for all
+    layers) may rely on ctx.prepared in `decode`.
+    """
+    begin = getattr(attention, "begin_decode_step", None)
+    if begin is None:
+        return states, ctx
+    return begin(states, ctx), dataclasses.replace(ctx, prepared=True)
 
 
 # --------------------------------------------------------------------------- shared math
@@ -140,6 +161,20 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, impl: str = "xla"
     return grouped_attention(q, k, v, mask, f32_probs=f32_probs)
 
 
+SLOT_ALIGN = 256
+
+
+def cache_slots(max_len: int) -> int:
+    """Slots of a full-precision cache for `max_len` tokens: rounded up to a multiple of SLOT_ALIGN.
+
+    On the GPU, XLA's matmul for P.V (contraction over the slots) pads an
+    operand whose slot count is not tile-aligned, i.e. copies the whole V
+    cache every decode step (measured: 41 us per layer at 32K, B=1); aligned
+    slots cost a little memory and no copy. Slots past max_len stay masked.
+    """
+    return -(-max_len // SLOT_ALIGN) * SLOT_ALIGN
+
+
 def write_chunk(buf: jax.Array, x: jax.Array, offset: jax.Array) -> jax.Array:
     """buf [B, H, S, D] with x [B, H, T, D] written at slots offset.. (in place under donation)."""
     return jax.lax.dynamic_update_slice_in_dim(buf, x.astype(buf.dtype), offset, axis=2)
@@ -160,7 +195,7 @@ def write_token(buf: jax.Array, x: jax.Array, positions: jax.Array) -> jax.Array
 @partial(jax.tree_util.register_dataclass, data_fields=["k", "v"], meta_fields=[])
 @dataclasses.dataclass(frozen=True)
 class KVBuffer:
-    """Full-precision KV cache of one layer: k, v [B, Hkv, S, D]; slot = position."""
+    """Full-precision KV cache of one layer: k, v [B, Hkv, S, D], S = cache_slots(max_len); slot = position."""
 
     k: jax.Array
     v: jax.Array
@@ -206,7 +241,7 @@ class BF16Attention:
 
     def prefill_state(self, config, batch, prompt_len, max_len, dtype, whole):
         dtype = self.cache_dtype or dtype
-        shape = (batch, config.num_kv_heads, max_len, config.head_dim)
+        shape = (batch, config.num_kv_heads, cache_slots(max_len), config.head_dim)
         return KVBuffer(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
     def prefill(self, layer, q, k, v, state: KVBuffer, ctx: PrefillContext):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 
 import oracle
 from hq_helpers import Harness, config, j32, ji32, normal, region_ids, rng, with_ring_score
-from hyquant_jax.cache import accumulate_ring_scores, append, capacities, freeze
+from hyquant_jax.cache import accumulate_ring_scores, append, capacities, flush_full_rings, freeze
 from hyquant_jax.reference import hybrid_decode_attention_reference
 
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow],
@@ -283,3 +284,39 @@ def test_inactive_sequences_are_untouched():
     for name in ("k_codes", "v_codes", "vl_k", "ring_k", "ring_v", "ring_score", "length", "num_pages", "num_vl"):
         np.testing.assert_array_equal(np.asarray(getattr(before, name)), np.asarray(getattr(h.cache, name)))
     h.check()
+
+
+@pytest.mark.parametrize("promote", [False, True])
+def test_flush_full_rings_then_append_equals_self_flushing_append(promote):
+    """The generate loop's path (one flush_full_rings for all layers, then append(flush=False))
+    leaves exactly the caches that append's own flush leaves, over several window flushes,
+    with ragged lengths and a sequence that pauses."""
+    cfg = config(key_bits=4, value_bits=4, scheme="channel_key", window=32, block_size=16, rho=0.1,
+                 promote_flushed=promote)
+    layers = [Harness(rng(20 + i), cfg, 2, 2, 2, 40, 64, [40, 23], 140) for i in range(2)]
+    fused = [h.cache for h in layers]
+    for step in range(40):
+        active = np.array([True, step % 3 != 0])
+        act = jnp.asarray(active)
+        for i, h in enumerate(layers):
+            h.randomize_scores()  # the same scores go into both paths
+            fused[i] = dataclasses.replace(fused[i], ring_score=h.cache.ring_score)
+        fused = list(flush_full_rings(tuple(fused), cfg, act))
+        for i, h in enumerate(layers):
+            k, v, _ = h.step_tokens()
+            fused[i] = append(fused[i], j32(k), j32(v), cfg, active=act, flush=False)
+            h.append(active)
+            for a, b in zip(jax.tree_util.tree_leaves(fused[i]), jax.tree_util.tree_leaves(h.cache)):
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    for h in layers:
+        h.check()
+
+
+def test_append_without_flush_rejects_a_full_ring():
+    cfg = config(window=32, block_size=16, rho=0.1)
+    h = Harness(rng(30), cfg, 1, 2, 1, 40, 64, [40], 120)
+    while int(h.cache.ring_len[0]) < cfg.ring_size:
+        h.append()
+    k, v, _ = h.step_tokens()
+    with pytest.raises(ValueError, match="flush_full_rings"):
+        append(h.cache, j32(k), j32(v), cfg, flush=False)

@@ -1,0 +1,144 @@
+"""Where the time of one end-to-end decode step goes: a GPU kernel breakdown from the JAX profiler.
+
+Builds the e2e benchmark's model (random weights, `benchmarks/e2e.py`) and
+decode states, runs the jitted decode loop once to compile, then once more
+under `jax.profiler.trace`, and reads the trace's GPU kernel events: per
+kernel name, launches and microseconds per decode step, plus the share of the
+loop's wall time during which no kernel ran (launch gaps). Writes
+OUT/NAME.json. On the GPU box, from the repository root:
+  PYTHONPATH=. python benchmarks/profile_e2e.py --out $OUT --methods bf16,hyquant --prefixes 1024,32768
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import e2e  # noqa: E402
+
+
+def kernel_events(trace_dir: str) -> list[dict]:
+    """'X' events of the trace's GPU streams (kernels and memcpys), sorted by start time."""
+    path = sorted(glob.glob(os.path.join(trace_dir, "plugins", "profile", "*", "*.trace.json.gz")))[-1]
+    with gzip.open(path) as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    gpu_pids = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+                and "/device:GPU" in str(e.get("args", {}).get("name", ""))}
+    out = [e for e in events if e.get("ph") == "X" and e.get("pid") in gpu_pids and e.get("dur", 0) > 0]
+    return sorted(out, key=lambda e: e["ts"])
+
+
+def busy_time(events: list[dict]) -> float:
+    """Microseconds during which at least one kernel ran (union of intervals)."""
+    total, end = 0.0, None
+    for e in events:
+        s, t = e["ts"], e["ts"] + e["dur"]
+        if end is None or s >= end:
+            total += e["dur"]
+            end = t
+        elif t > end:
+            total += t - end
+            end = t
+    return total
+
+
+def breakdown(events: list[dict], steps: int, top: int) -> dict:
+    per_name = collections.defaultdict(lambda: [0, 0.0, ""])
+    for e in events:
+        row = per_name[e["name"]]
+        row[0] += 1
+        row[1] += e["dur"]
+        row[2] = row[2] or str(e.get("args", {}).get("hlo_op", ""))
+    rows = sorted(per_name.items(), key=lambda kv: -kv[1][1])
+    span = (events[-1]["ts"] + events[-1]["dur"] - events[0]["ts"]) if events else 0.0
+    busy = busy_time(events)
+    return {"kernels_per_step": len(events) / steps, "kernel_us_per_step": sum(e["dur"] for e in events) / steps,
+            "busy_us_per_step": busy / steps, "span_us_per_step": span / steps,
+            "idle_share": 1 - busy / span if span else None,
+            "top": [{"name": n[:160], "hlo_op": op, "launches_per_step": c / steps, "us_per_step": d / steps,
+                     "us_per_launch": d / c} for n, (c, d, op) in rows[:top]]}
+
+
+def profile_config(args, params, config, attention, method, prefix, batch) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from hyquant_jax import SamplingConfig
+    from hyquant_jax.generate import decode
+
+    max_len = prefix + 2 * args.steps + 8
+    states = e2e._states(attention, config, prefix, batch, max_len)
+    lengths = jnp.full((batch,), prefix, jnp.int32)
+    first = jax.random.randint(jax.random.PRNGKey(1), (batch,), 0, config.vocab_size, jnp.int32)
+    key = jax.random.PRNGKey(2)
+    static = dict(config=config, attention=attention, sampling=SamplingConfig(), max_new_tokens=args.steps + 1,
+                  eos_ids=(), pad_id=0)
+    out, _, states, lengths, _ = decode(params, states, first, lengths, key, **static)
+    jax.block_until_ready(out)
+    with tempfile.TemporaryDirectory() as tmp:
+        with jax.profiler.trace(tmp):
+            t0 = time.perf_counter()
+            out, _, states, lengths, n = decode(params, states, out[:, -1], lengths, key, **static)
+            jax.block_until_ready(out)
+            wall = time.perf_counter() - t0
+        events = kernel_events(tmp)
+    steps = int(n)
+    del states
+    return dict(method=method, prefix=prefix, batch=batch, steps=steps, wall_ms_per_step=1e3 * wall / steps,
+                **breakdown(events, steps, args.top), lengths=np.asarray(lengths).tolist())
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--name", default="profile_e2e_h200")
+    p.add_argument("--methods", default="bf16,hyquant")
+    p.add_argument("--prefixes", default="1024,32768")
+    p.add_argument("--batches", default="1", help="batch sizes, each profiled at every prefix")
+    p.add_argument("--model", default="qwen3-8b", choices=sorted(e2e.MODELS))
+    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--top", type=int, default=25, help="kernels listed per config")
+    args = p.parse_args()
+    import jax
+    import jax.numpy as jnp
+
+    from models import init_params
+
+    e2e_args = e2e.parse_args(["--model", args.model, "--sections", "b1"]
+                              + (["--layers", str(args.layers)] if args.layers else []))
+    config = e2e._model(e2e_args)
+    params = init_params(jax.random.PRNGKey(0), config, jnp.bfloat16)
+    results = {"environment": {"jax": jax.__version__, "device": jax.devices()[0].device_kind,
+                               "command": " ".join(sys.argv)}, "model": args.model, "configs": []}
+    for method in args.methods.split(","):
+        attention, _ = e2e._attention(e2e_args, method)
+        for batch in e2e._ints(args.batches):
+            for prefix in e2e._ints(args.prefixes):
+                row = profile_config(args, params, config, attention, method, prefix, batch)
+                results["configs"].append(row)
+                print(f"== {method} B{batch} {prefix}: wall {row['wall_ms_per_step']:.2f} ms/step, kernels "
+                      f"{row['kernel_us_per_step'] / 1e3:.2f} ms ({row['kernels_per_step']:.0f} launches), "
+                      f"idle {row['idle_share'] or 0:.0%}", flush=True)
+                for k in row["top"][:12]:
+                    print(f"   {k['us_per_step']:8.1f} us  x{k['launches_per_step']:5.1f}  {k['name'][:90]}")
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"{args.name}.json")
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
