@@ -534,6 +534,12 @@ def _b1(results) -> str:
     return f"{mesh['data']} (1 per data shard)" if mesh and mesh["data"] > 1 else "1"
 
 
+def _ratio(row) -> str:
+    """x bf16 column: same-config bf16 step time over this one's ('-' without a bf16 row)."""
+    x = row.get("speedup_vs_bf16")
+    return f"{x:6.2f}" if x is not None else "     -"
+
+
 def print_tables(results) -> None:
     def speedups(rows, keys):
         base = {tuple(r[k] for k in keys): r for r in rows if r.get("method") == "bf16" and "step_ms" in r}
@@ -549,7 +555,7 @@ def print_tables(results) -> None:
         for r in results["b1"]:
             if "step_ms" in r:
                 print(f"  {r['prefix']:>7} {r['method']:>8} {r['step_ms']:8.2f} {r['tokens_per_s']:9.1f} "
-                      f"{r['floor_ms']:8.2f} {r['floor_over_step']:6.2f} {r.get('speedup_vs_bf16', 0):6.2f}")
+                      f"{r['floor_ms']:8.2f} {r['floor_over_step']:6.2f} {_ratio(r)}")
             else:
                 print(f"  {r.get('prefix', '-'):>7} {r['method']:>8} {r.get('error', '')[:80]}")
     if results["batch"]:
@@ -558,7 +564,7 @@ def print_tables(results) -> None:
             if "step_ms" in r:
                 peak = (r["peak_bytes"] or 0) / 2**30
                 print(f"  {r['batch']:>5} {r['method']:>8} {r['step_ms']:8.2f} {r['tokens_per_s']:9.1f} "
-                      f"{peak:8.1f} {r['floor_over_step']:6.2f} {r.get('speedup_vs_bf16', 0):6.2f}")
+                      f"{peak:8.1f} {r['floor_over_step']:6.2f} {_ratio(r)}")
             else:
                 print(f"  {r.get('batch', '-'):>5} {r['method']:>8} {'OOM' if r.get('oom') else r.get('error', '')[:80]}")
     if results["prefill"]:

@@ -141,20 +141,31 @@ def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     return out.reshape(b, hq, t, d).astype(q.dtype)
 
 
+def cudnn_applies(q: jax.Array) -> bool:
+    """Whether cuDNN flash attention takes q [B, H, T, D]: on a GPU, bf16/fp16, D a multiple of 8 up to 128."""
+    d = q.shape[-1]
+    return (jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16)
+            and d % 8 == 0 and d <= 128)
+
+
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, impl: str = "xla",
                      f32_probs: bool = False) -> jax.Array:
     """Causal self-attention within one chunk: q [B, Hq, T, D], k, v [B, Hkv, T, D].
 
-    impl "xla": `grouped_attention` (f32_probs passed on); "cudnn" or "auto":
-    `jax.nn.dot_product_attention` (GQA-native, [B, T, H, D] layout) with
-    implementation "cudnn", or None (cuDNN where it applies, else XLA).
+    impl "xla": `grouped_attention` (f32_probs passed on); "cudnn":
+    `jax.nn.dot_product_attention(implementation="cudnn")` (flash attention,
+    GQA-native, [B, T, H, D] layout); "auto": "cudnn" where `cudnn_applies`,
+    else "xla". (`dot_product_attention`'s own default, implementation=None,
+    is XLA in jax 0.11.2: it materialises the T x T logits, 128 GiB at 32K.)
     Padded queries are computed like any other and ignored by the caller;
     valid queries never see padded keys (they come later).
     """
-    if impl in ("cudnn", "auto"):
+    if impl == "auto":
+        impl = "cudnn" if cudnn_applies(q) else "xla"
+    if impl == "cudnn":
         out = jax.nn.dot_product_attention(
             q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
-            is_causal=True, implementation="cudnn" if impl == "cudnn" else None)
+            is_causal=True, implementation="cudnn")
         return out.transpose(0, 2, 1, 3)
     t = q.shape[2]
     mask = jnp.tril(jnp.ones((t, t), bool))[None, None, None]
@@ -214,9 +225,9 @@ class BF16Attention:
     `jax.jit` with the states donated, both updates happen in place: a decode
     step reads the cache once and writes only the new token.
 
-    prefill_impl: "auto" (on GPU `jax.nn.dot_product_attention`, which picks
-      cuDNN where it applies; XLA elsewhere), "xla" or "cudnn" for
-      whole-prompt prefill; chunked prefill always uses XLA with a mask.
+    prefill_impl: "auto" (cuDNN flash attention where `cudnn_applies`, XLA
+      elsewhere), "xla" or "cudnn" for whole-prompt prefill; chunked prefill
+      always uses XLA with a mask.
     cache_dtype: storage dtype (None: the dtype of k, e.g. bf16).
     f32_probs: PV product in float32 (see `grouped_attention`); None: only
       off-GPU, where it matches the numerics of the jnp reference backends

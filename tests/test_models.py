@@ -152,3 +152,16 @@ def test_check_params_names_the_weight():
         check_params(params, VARIANTS["qwen2_bias"])
     with pytest.raises(ValueError, match="lm_head"):
         check_params(params, VARIANTS["llama_tied"])
+
+
+def test_cudnn_applies_only_to_gpu_half_precision_head_dims_up_to_128(monkeypatch):
+    from models import attention as attention_module
+
+    q = jnp.zeros((1, 4, 8, 128), jnp.bfloat16)
+    assert not attention_module.cudnn_applies(q)  # CPU
+    monkeypatch.setattr(attention_module.jax, "default_backend", lambda: "gpu")
+    assert attention_module.cudnn_applies(q)
+    assert attention_module.cudnn_applies(q.astype(jnp.float16)[..., :64])
+    assert not attention_module.cudnn_applies(q.astype(jnp.float32))
+    assert not attention_module.cudnn_applies(jnp.zeros((1, 4, 8, 256), jnp.bfloat16))
+    assert not attention_module.cudnn_applies(jnp.zeros((1, 4, 8, 100), jnp.bfloat16))
