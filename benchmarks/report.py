@@ -8,6 +8,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _load(results, name):
@@ -60,15 +63,55 @@ def prefill_table(d) -> str:
     return "\n".join(lines)
 
 
-def e2e_table(d) -> str:
-    rows = [r for r in d.get("b1", d.get("results", [])) if isinstance(r, dict) and "step_ms" in r]
-    lines = [
-        "| method | prefix | ms/step | tokens/s | byte floor (ms) | floor / step |",
-        "|---|---|---|---|---|---|",
-    ]
+def _env_line(d) -> str:
+    env = d["environment"]
+    mesh = d.get("mesh")
+    where = f"{env['device']} x{env.get('mesh_devices', 1)}" if mesh else env["device"]
+    parts = ", ".join(d["combined_from"]) if d.get("combined_from") else ""
+    return (f"{where}, jax {env['jax']}, {env['date'][:10]}, model {d.get('model_name', '?')} "
+            f"({d['params'] / 1e9:.2f}B params, random bf16 weights)" + (f", merged from {parts}" if parts else "")
+            + f"; first part's command: `{env['command']}`.")
+
+
+def e2e_b1_table(d) -> str:
+    """B=1 decode rows: step time against the byte floor and against bf16 at the same prefix."""
+    rows = [r for r in d.get("b1", []) if "step_ms" in r]
+    bf16 = {r["prefix"]: r for r in rows if r["method"] == "bf16"}
+    lines = ["| method | prefix | ms/step | tokens/s | byte floor (ms) | floor / step | x bf16 |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
+        base = bf16.get(r["prefix"])
+        ratio = f"{base['step_ms'] / r['step_ms']:.2f}x" if base else "-"
         lines.append(f"| {r['method']} | {r['prefix']} | {r['step_ms']:.2f} | {r['tokens_per_s']:.1f} | "
-                     f"{r['floor_ms']:.2f} | {r['floor_over_step']:.2f} |")
+                     f"{r['floor_ms']:.2f} | {r['floor_over_step']:.2f} | {ratio} |")
+    return "\n".join(lines)
+
+
+def e2e_batch_table(d) -> str:
+    """Batch sweep rows (tokens/s, peak memory, OOM) and the largest batch / best throughput per method."""
+    rows = d.get("batch", [])
+    lines = ["| method | batch | ms/step | tokens/s | peak GiB | floor / step |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        if r.get("oom"):
+            lines.append(f"| {r['method']} | {r['batch']} | out of memory | | | |")
+        elif "step_ms" in r:
+            peak = (r.get("peak_bytes") or 0) / 2**30
+            lines.append(f"| {r['method']} | {r['batch']} | {r['step_ms']:.2f} | {r['tokens_per_s']:.1f} | "
+                         f"{peak:.1f} | {r['floor_over_step']:.2f} |")
+    best = {}
+    for r in rows:
+        if "step_ms" in r:
+            m = best.setdefault(r["method"], {"largest": 0, "tps": 0.0, "at": None, "oom": None})
+            m["largest"] = max(m["largest"], r["batch"])
+            if r["tokens_per_s"] > m["tps"]:
+                m["tps"], m["at"] = r["tokens_per_s"], r["batch"]
+        elif r.get("oom"):
+            best.setdefault(r["method"], {"largest": 0, "tps": 0.0, "at": None, "oom": None})["oom"] = r["batch"]
+    lines.append("")
+    for method, m in best.items():
+        oom = f"out of memory at {m['oom']}" if m["oom"] else "no out-of-memory reached"
+        lines.append(f"- {method}: largest batch run {m['largest']} ({oom}); best {m['tps']:.1f} tokens/s at "
+                     f"B={m['at']}")
     return "\n".join(lines)
 
 
@@ -82,17 +125,6 @@ def generate_table(results) -> str:
     return "\n".join(lines)
 
 
-def _find_rows(obj):
-    """Rows with step_ms anywhere in an e2e JSON (its layout groups them by section)."""
-    if isinstance(obj, dict):
-        if "step_ms" in obj:
-            return [obj]
-        return [r for v in obj.values() for r in _find_rows(v)]
-    if isinstance(obj, list):
-        return [r for v in obj for r in _find_rows(v)]
-    return []
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--results", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
@@ -103,10 +135,21 @@ def main():
     d = _load(args.results, "prefill_kernel_h200.json")
     if d:
         print(prefill_table(d), "\n")
-    d = _load(args.results, "e2e_h200_partial.json")
+    for name in ("e2e_h200.json", "e2e_h200x2_qwen3_32b_tp2.json"):
+        d = _load(args.results, name)
+        if d:
+            print(f"{name}: {_env_line(d)}\n")
+            if d.get("b1"):
+                print(e2e_b1_table(d), "\n")
+            if d.get("batch"):
+                print(f"Batch sweep at {d['batch'][0]['prefix']} cached tokens:\n")
+                print(e2e_batch_table(d), "\n")
+    print(generate_table(args.results), "\n")
+    d = _load(args.results, "accuracy_smollm2.json")
     if d:
-        print(e2e_table({"b1": _find_rows(d)}), "\n")
-    print(generate_table(args.results))
+        from benchmarks.accuracy import summary_markdown
+
+        print(summary_markdown(d))
 
 
 if __name__ == "__main__":
