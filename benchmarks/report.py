@@ -145,11 +145,12 @@ def main():
                 print(f"Batch sweep at {d['batch'][0]['prefix']} cached tokens:\n")
                 print(e2e_batch_table(d), "\n")
     print(generate_table(args.results), "\n")
-    d = _load(args.results, "accuracy_smollm2.json")
-    if d:
-        from benchmarks.accuracy import summary_markdown
+    for name in ("accuracy_smollm2.json", "accuracy_smollm2_retrieval_needle.json"):
+        d = _load(args.results, name)
+        if d:
+            from benchmarks.accuracy import summary_markdown
 
-        print(summary_markdown(d))
+            print(summary_markdown(d), "\n")
 
 
 if __name__ == "__main__":
