@@ -16,6 +16,14 @@ def _plt():
     return plt
 
 
+def _save(fig, path: Path, rect=None) -> Path:
+    """Lay out, write at 110 dpi and close a figure; returns its path."""
+    fig.tight_layout(rect=rect)
+    fig.savefig(path, dpi=110)
+    _plt().close(fig)
+    return path
+
+
 def attention_heatmaps(maps: list[dict], length: int, path: Path) -> Path:
     """Paper Fig. 1: pooled causal attention maps with the VL columns HyQuant keeps marked.
 
@@ -43,10 +51,7 @@ def attention_heatmaps(maps: list[dict], length: int, path: Path) -> Path:
         ax.axis("off")
     fig.suptitle(f"SmolLM2-135M attention on a {length}-token WikiText window (log10 mean probability per block); "
                  "cyan ticks: VL keys chosen by VTI (rho 5%, W 128)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def coverage(result: dict, path: Path) -> Path:
@@ -68,10 +73,7 @@ def coverage(result: dict, path: Path) -> Path:
     handles, labels = axes[0][0].get_legend_handles_labels()
     wide = len(lengths) > 1
     fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=4 if wide else 2)
-    fig.tight_layout(rect=(0, 0.08 if wide else 0.14, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, rect=(0, 0.08 if wide else 0.14, 1, 1))
 
 
 def operator_mse(result: dict, methods: list[str], path: Path) -> Path:
@@ -89,10 +91,7 @@ def operator_mse(result: dict, methods: list[str], path: Path) -> Path:
         ax.grid(alpha=0.3, which="both")
     axes[0][0].set_ylabel("relative MSE vs exact float32")
     axes[0][-1].legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def sweeps(result: dict, path: Path) -> Path:
@@ -125,10 +124,7 @@ def sweeps(result: dict, path: Path) -> Path:
         ax.set_xticklabels(names, fontsize=8, rotation=15)
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3, axis="y", which="both")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def retrieval_grids(result: dict, path: Path) -> Path:
@@ -158,10 +154,7 @@ def retrieval_grids(result: dict, path: Path) -> Path:
             if c == 0:
                 ax.set_ylabel(f"{task}\ndepth", fontsize=9)
     fig.suptitle(f"Retrieval exact match ({result['samples']} samples per cell)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def perplexity(result: dict, path: Path) -> Path:
@@ -187,7 +180,4 @@ def perplexity(result: dict, path: Path) -> Path:
         ax.grid(alpha=0.3, axis="y")
     fig.suptitle(f"WikiText-2: {result['prefix']}-token prefix by prefill, {result['tokens']} tokens teacher-forced "
                  f"through decode, {len(result['windows'])} windows", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, rect=(0, 0, 1, 0.95))

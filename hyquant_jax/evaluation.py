@@ -38,7 +38,7 @@ from hyquant_jax.attention import prefill_attention
 from hyquant_jax.cache import freeze
 from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.model_attention import HybridAttention, QuantizedCacheAttention
-from hyquant_jax.reference import _quantized_logits, check_prefill_shapes, exact_attention, softmax_attend, vl_mask
+from hyquant_jax.reference import check_prefill_shapes, exact_attention, prefill_chunk, prefill_key_mean, vl_mask
 from hyquant_jax.sparse_attention import VerticalSparseAttention, sparse_prefill_attention
 from hyquant_jax.vti import tail_queries, tail_query_count, vertical_token_identification
 from models.attention import BF16Attention, DecodeContext, KVBuffer, PrefillContext, cache_slots, grouped_attention
@@ -88,19 +88,13 @@ def _hybrid_prefill_causal(q, k, v, lengths, is_vl, *, window, block, qk_format,
     qg = q.astype(jnp.float32).reshape(b, hkv, hq // hkv, t, d)
     k32, v32 = k.astype(jnp.float32), v.astype(jnp.float32)
     key_ok = jnp.arange(t)[None, :] < lengths[:, None]  # [B, S]
-    key_mean = jnp.where(key_ok[:, None, :, None], k32, 0.0).sum(2) / jnp.maximum(lengths, 1)[:, None, None]
+    key_mean = prefill_key_mean(k32, lengths)
     outs = []
     for start in range(0, t, query_chunk):  # chunk c only reads the keys up to its last query
         end = min(start + query_chunk, t)
-        qc = qg[:, :, :, start:end]
-        q_pos, key_pos = jnp.arange(start, end), jnp.arange(end)
-        causal = (key_pos[None, :] <= q_pos[:, None])[None, None, None] & key_ok[:, None, None, None, :end]
-        band = key_pos[None, :] >= ((q_pos // block) * block - window)[:, None]
-        exact = band[None, None, None] | is_vl[:, :, None, None, :end]
-        full = jnp.einsum("bhgtd,bhsd->bhgts", qc, k32[:, :, :end])
-        low = _quantized_logits(qc, k32[:, :, :end], key_mean, qk_format)
-        out, _ = softmax_attend(jnp.where(exact, full, low) * scale, causal, v32[:, :, :end])
-        outs.append(out)
+        outs.append(prefill_chunk(qg[:, :, :, start:end], jnp.arange(start, end), k32[:, :, :end], v32[:, :, :end],
+                                  key_ok[:, :end], key_mean, is_vl[:, :, :end], window=window, block=block,
+                                  qk_format=qk_format, hybrid=True, scale=scale))
     out = jnp.concatenate(outs, axis=3).reshape(b, hq, t, d)
     q_ok = jnp.arange(t)[None, None, :, None] < lengths[:, None, None, None]
     return jnp.where(q_ok, out, 0.0).astype(q.dtype)

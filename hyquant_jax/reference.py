@@ -185,6 +185,31 @@ def _quantized_logits(q, k, key_mean, qk_format):
     return dots * sq * sk[:, :, None, None, :, 0] + exact_bias
 
 
+def prefill_key_mean(k32, lengths):
+    """Per-head mean of the valid keys (the smoothing of the quantized Q.K): k32 [B, H, S, D] -> [B, H, D]."""
+    key_ok = jnp.arange(k32.shape[2])[None, :] < lengths[:, None]
+    return jnp.where(key_ok[:, None, :, None], k32, 0.0).sum(2) / jnp.maximum(lengths, 1)[:, None, None]
+
+
+def prefill_chunk(qc, q_pos, k32, v32, key_ok, key_mean, is_vl, *, window, block, qk_format, hybrid, scale):
+    """Causal hybrid (or, hybrid=False, uniformly quantized) attention of one query chunk over keys [0, S).
+
+    qc: float32 [B, H, g, C, D] at positions q_pos [C]; k32, v32: float32
+    [B, H, S, D]; key_ok: bool [B, S]; key_mean: [B, H, D] (`prefill_key_mean`
+    over all keys); is_vl: bool [B, H, S]. Keys in the query's full-precision
+    band or VL use exact logits, the rest quantized ones. Returns [B, H, g, C, D].
+    """
+    key_pos = jnp.arange(k32.shape[2])
+    causal = (key_pos[None, :] <= q_pos[:, None])[None, None, None] & key_ok[:, None, None, None, :]
+    logits = _quantized_logits(qc, k32, key_mean, qk_format)
+    if hybrid:
+        band = key_pos[None, :] >= ((q_pos // block) * block - window)[:, None]  # [C, S]
+        exact = band[None, None, None] | is_vl[:, :, None, None, :]
+        logits = jnp.where(exact, jnp.einsum("bhgtd,bhsd->bhgts", qc, k32), logits)
+    out, _ = softmax_attend(logits * scale, causal, v32)
+    return out
+
+
 @partial(jax.jit, static_argnames=("window", "block", "qk_format", "hybrid", "scale", "query_chunk"))
 def _prefill(q, k, v, lengths, is_vl, *, window, block, qk_format, hybrid, scale, query_chunk):
     b, hq, t, d = q.shape
@@ -192,29 +217,17 @@ def _prefill(q, k, v, lengths, is_vl, *, window, block, qk_format, hybrid, scale
     scale = _scale(d, scale)
     k32, v32 = k.astype(jnp.float32), v.astype(jnp.float32)
     key_ok = jnp.arange(t)[None, :] < lengths[:, None]  # [B, S]
-    key_mean = jnp.where(key_ok[:, None, :, None], k32, 0.0).sum(2) / jnp.maximum(lengths, 1)[:, None, None]
+    key_mean = prefill_key_mean(k32, lengths)
     chunk = min(query_chunk, t)
     pad = (-t) % chunk
     qg = _group(jnp.pad(q.astype(jnp.float32), ((0, 0), (0, 0), (0, pad), (0, 0))), hkv)
     n_chunks = (t + pad) // chunk
     qg = qg.reshape(b, hkv, hq // hkv, n_chunks, chunk, d).transpose(3, 0, 1, 2, 4, 5)
-    key_pos = jnp.arange(t)
 
     def one_chunk(args):
         qc, c = args  # [B, H, g, C, D]
-        q_pos = c * chunk + jnp.arange(chunk)  # [C]
-        causal = (key_pos[None, :] <= q_pos[:, None])[None, None, None] & key_ok[:, None, None, None, :]
-        full = jnp.einsum("bhgtd,bhsd->bhgts", qc, k32)
-        if hybrid:
-            band_lo = (q_pos // block) * block - window
-            band = key_pos[None, :] >= band_lo[:, None]  # [C, S]
-            exact = band[None, None, None] | is_vl[:, :, None, None, :]
-            low = _quantized_logits(qc, k32, key_mean, qk_format)
-            logits = jnp.where(exact, full, low)
-        else:
-            logits = _quantized_logits(qc, k32, key_mean, qk_format)
-        out, _ = softmax_attend(logits * scale, causal, v32)
-        return out
+        return prefill_chunk(qc, c * chunk + jnp.arange(chunk), k32, v32, key_ok, key_mean, is_vl, window=window,
+                             block=block, qk_format=qk_format, hybrid=hybrid, scale=scale)
 
     out = jax.lax.map(one_chunk, (qg, jnp.arange(n_chunks)))  # [n, B, H, g, C, D]
     out = out.transpose(1, 2, 3, 0, 4, 5).reshape(b, hq, t + pad, d)[:, :, :t]

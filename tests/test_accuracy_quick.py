@@ -7,7 +7,6 @@ exact attention is exact up to bf16 rounding, nothing is NaN, coverage shares
 are ordered shares, bf16 perplexity is sane, every plot is written.
 """
 
-import importlib.util
 import json
 import math
 import sys
@@ -18,21 +17,14 @@ import pytest
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _load_benchmark():
-    spec = importlib.util.spec_from_file_location("accuracy_benchmark", ROOT / "benchmarks" / "accuracy.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is created
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(ROOT))
 
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     from models import default_model_path
 
-    bench = _load_benchmark()
+    from benchmarks import accuracy as bench
     try:
         default_model_path()
     except ValueError as e:

@@ -1,6 +1,5 @@
 """The accuracy benchmark's data, argument and summary plumbing, without a model (fast)."""
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -10,14 +9,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import _accuracy_tasks as tasks  # noqa: E402
-
-
-def _load_benchmark():
-    spec = importlib.util.spec_from_file_location("accuracy_benchmark", ROOT / "benchmarks" / "accuracy.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is created
-    spec.loader.exec_module(module)
-    return module
 
 
 class CharTokenizer:
@@ -85,7 +76,7 @@ def test_clear_errors_for_missing_data(tmp_path):
 
 
 def test_benchmark_arguments_and_reductions(tmp_path, capsys):
-    bench = _load_benchmark()
+    from benchmarks import accuracy as bench
     assert bench.main(["--sections", "perplexity", "--wikitext", str(tmp_path / "missing.raw")]) == 2
     assert "--wikitext: file not found" in capsys.readouterr().err
     assert bench.main(["--ppl-methods", "bf16,fp4", "--out", str(tmp_path / "x.json")]) == 2
