@@ -11,7 +11,7 @@ Times: per call inside a jitted fori_loop (`loop_ms`) and per call from Python
 (`call_ms`). Bandwidth = bytes the method must read / loop time.
 
 Run on the GPU box from the repo root:
-  PYTHONPATH=. python benchmarks/decode_kernel.py --out $OUT [--sweep] [--graph-compare]
+  PYTHONPATH=. python benchmarks/decode_kernel.py --out $OUT [--sweep] [--split-sweep 8,16,32] [--graph-compare]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import hyquant_jax as hq  # noqa: E402
 from benchmarks.common import environment, sm_count, time_in_loop, time_per_call, write_json  # noqa: E402
-from hyquant_jax.decode_kernel import DecodeTuning, decode_attention as kernel_decode  # noqa: E402
+from hyquant_jax.decode_kernel import DecodeTuning, decode_attention as kernel_decode, decode_layout  # noqa: E402
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -154,37 +154,73 @@ def check_hybrid(inp: Inputs, config, tuning) -> float:
     return float(np.linalg.norm(out - np.asarray(ref)) / np.linalg.norm(np.asarray(ref)))
 
 
-def sweep(inp: Inputs, config, iters, reps, log) -> tuple[DecodeTuning, list]:
-    """Staged search over conversion / tile / warps / stages / splits at one shape."""
-    rows = []
+def _run_tuning(inp: Inputs, config, t: DecodeTuning, iters, reps, rows, log) -> float:
+    """Time one tuning in the loop; append a row (or the error) to `rows`; return ms (inf on error)."""
+    try:
+        r = {"loop_ms": 1e3 * time_in_loop(hybrid_fn(config, t), inp.q, (inp.cache,), iters, reps)}
+    except Exception as e:
+        r = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+    r["n_low"] = decode_layout(inp.cache, config, inp.q.shape[1], t).n_low
+    rows.append({"tuning": dataclasses.asdict(t), **r})
+    log(f"    sweep {t}: {r}")
+    return r.get("loop_ms", float("inf"))
 
-    def run(t: DecodeTuning):
-        try:
-            r = {"loop_ms": 1e3 * time_in_loop(hybrid_fn(config, t), inp.q, (inp.cache,), iters, reps)}
-        except Exception as e:
-            r = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
-        rows.append({"tuning": dataclasses.asdict(t), **r})
-        log(f"    sweep {t}: {r}")
-        return r.get("loop_ms", float("inf"))
+
+def sweep(inp: Inputs, config, iters, reps, log) -> tuple[DecodeTuning, list]:
+    """Search at one shape: conversion, orientation, then pages per tile x warps x stages, then splits.
+
+    Variants that give the same kernel layout as one already timed are skipped
+    (e.g. pages per tile under channel_key, which scans one page per tile).
+    """
+    rows, seen = [], set()
+
+    def run(t: DecodeTuning) -> float:
+        key = (decode_layout(inp.cache, config, inp.q.shape[1], t), t.num_warps, t.num_stages)
+        if key in seen:
+            return float("inf")
+        seen.add(key)
+        return _run_tuning(inp, config, t, iters, reps, rows, log)
 
     base = DecodeTuning(sm_count=sm_count())
     best, best_ms = base, run(base)
-    variants = [dataclasses.replace(base, transposed=t, pages_per_tile=p) for t in (False, True) for p in (1, 2, 4)]
-    variants.append(dataclasses.replace(base, convert="cast"))
+    variants = [dataclasses.replace(base, convert=c) for c in ("magic", "cast")]
+    variants.append(dataclasses.replace(base, transposed=True))
+    variants += [dataclasses.replace(base, pages_per_tile=p, num_warps=w, num_stages=st)
+                 for p in (1, 2, 4) for w in (2, 4) for st in (2, 3, 4)]
     for t in variants:
-        if t != base and (ms := run(t)) < best_ms:
-            best, best_ms = t, ms
-    for w, s in [(4, 3), (2, 2), (8, 2)]:
-        t = dataclasses.replace(best, num_warps=w, num_stages=s)
         if (ms := run(t)) < best_ms:
             best, best_ms = t, ms
-    from hyquant_jax.decode_kernel import decode_layout
     n_low = decode_layout(inp.cache, config, inp.q.shape[1], best).n_low
     for n in (max(1, n_low // 2), n_low * 2):
         t = dataclasses.replace(best, n_low=n)
         if (ms := run(t)) < best_ms:
             best, best_ms = t, ms
     return best, rows
+
+
+def split_sweep(batches, context, reps, log) -> list:
+    """Low-bit splits per KV head (n_low) against batch size at one context, Qwen3-8B heads.
+
+    The heuristic's choice is timed first, then fixed n_low values; cudnn bf16
+    gives the scale. Answers: which n_low is best at each batch?
+    """
+    out = []
+    for b in batches:
+        inp = make_inputs(b, 32, 8, 128, context, CONFIG)
+        iters = loop_iters(context, b)
+        rows = []
+        base = DecodeTuning(sm_count=sm_count())
+        _run_tuning(inp, CONFIG, base, iters, reps, rows, log)
+        for n in (1, 2, 4, 8, 16, 32):
+            if n != rows[0]["n_low"]:
+                _run_tuning(inp, CONFIG, dataclasses.replace(base, n_low=n), iters, reps, rows, log)
+        cudnn = measure(cudnn_attention, inp.q, (inp.k, inp.v), iters, reps)
+        out.append({"batch": b, "context": context, "heuristic_n_low": rows[0]["n_low"], "rows": rows,
+                    "cudnn_loop_ms": cudnn.get("loop_ms"),
+                    "bytes": {"bf16": b * context * 8 * 128 * 4, "hybrid": int(np.sum(inp.cache.used_bytes(CONFIG)))}})
+        log(f"  split sweep B{b}: {out[-1]}")
+        del inp
+    return out
 
 
 def run_case(name, batch, q_heads, kv_heads, head_dim, context, tuning, reps, log, schemes=False):
@@ -278,6 +314,8 @@ def main(argv=None):
     p.add_argument("--cases", default="", help="comma-separated substrings selecting cases (default: all)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--sweep", action="store_true", help="tune the kernel at B1 32K and B16 32K first")
+    p.add_argument("--split-sweep", default="", metavar="BATCHES",
+                   help="comma-separated batch sizes: time n_low = 1..32 at 32K for each (e.g. 8,16,24,32,48,64)")
     p.add_argument("--smoke", action="store_true", help="tiny case only (CPU check of the script)")
     p.add_argument("--graph-compare", action="store_true",
                    help="re-run B1 1K/4K/32K in a subprocess with XLA command buffers (CUDA graphs) disabled")
@@ -301,6 +339,9 @@ def main(argv=None):
             tunings[b] = best
             result["sweep"][name] = {"best": dataclasses.asdict(best), "rows": rows}
             del inp
+    if args.split_sweep:
+        batches = [int(x) for x in args.split_sweep.split(",") if x.strip()]
+        result["split_sweep"] = split_sweep(batches, 1024 if args.smoke else 32768, 3, log)
     rows = []
     for name, b, hq_, hkv, d, s in selected:
         tuning = tunings.get(1 if b < 8 else 16, DecodeTuning(sm_count=sm_count()))

@@ -40,6 +40,11 @@ def decode_table(d) -> str:
             f"| {r['case']} | {ms('hybrid')} | {ms('cudnn')} | {ms('pallas')} | {ms('xla')} | {ms('kivi4')} | "
             f"{h.get('speedup_vs_best_bf16', float('nan')):.2f}x | {h.get('tb_per_s', float('nan')):.2f} | "
             f"{r['bytes']['hybrid'] / r['bytes']['bf16']:.3f} |")
+    for r in d["cases"]:  # other key schemes, timed in the same run (one case)
+        best = min(r[m]["loop_ms"] for m in ("cudnn", "xla", "pallas") if "loop_ms" in r[m])
+        for key in sorted(k for k in r if k.startswith("hybrid_") and isinstance(r[k], dict) and "loop_ms" in r[k]):
+            lines.append(f"\n{r['case']}, scheme {key[len('hybrid_'):]}: {r[key]['loop_ms']:.4f} ms, "
+                         f"{best / r[key]['loop_ms']:.2f}x the best bf16 kernel.")
     return "\n".join(lines)
 
 
@@ -105,8 +110,9 @@ def e2e_batch_table(d) -> str:
             m["largest"] = max(m["largest"], r["batch"])
             if r["tokens_per_s"] > m["tps"]:
                 m["tps"], m["at"] = r["tokens_per_s"], r["batch"]
-        elif r.get("oom"):
-            best.setdefault(r["method"], {"largest": 0, "tps": 0.0, "at": None, "oom": None})["oom"] = r["batch"]
+        elif r.get("oom"):  # the smallest batch that ran out of memory
+            m = best.setdefault(r["method"], {"largest": 0, "tps": 0.0, "at": None, "oom": None})
+            m["oom"] = min(m["oom"] or r["batch"], r["batch"])
     lines.append("")
     for method, m in best.items():
         oom = f"out of memory at {m['oom']}" if m["oom"] else "no out-of-memory reached"
@@ -129,13 +135,14 @@ def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--results", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = p.parse_args()
-    d = _load(args.results, "decode_kernel_h200.json")
-    if d:
-        print(decode_table(d), "\n")
+    for name in ("decode_kernel_h200.json", "decode_kernel_h200_v1.json"):
+        d = _load(args.results, name)
+        if d:
+            print(f"{name}:\n\n{decode_table(d)}\n")
     d = _load(args.results, "prefill_kernel_h200.json")
     if d:
         print(prefill_table(d), "\n")
-    for name in ("e2e_h200.json", "e2e_h200x2_qwen3_32b_tp2.json"):
+    for name in ("e2e_h200.json", "e2e_h200_v1_kernel.json", "e2e_h200x2_qwen3_32b_tp2.json"):
         d = _load(args.results, name)
         if d:
             print(f"{name}: {_env_line(d)}\n")

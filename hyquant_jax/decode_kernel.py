@@ -17,6 +17,7 @@ from hyquant_jax.config import HyQuantConfig
 from pallas_kernels.decode import DecodeLayout, hybrid_decode_splits, merge_splits
 
 H200_SMS = 132
+MAX_SPLIT_TOKENS = 4096  # measured: splits of <= 4K tokens are best from B=16 to 64 at 32K (split_sweep)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,23 +25,37 @@ class DecodeTuning:
     """Launch knobs; None means the heuristic picks.
 
     n_low: splits over the low-bit region; n_vl: splits over the VL region;
-    pages_per_tile: pages scanned per loop iteration (token schemes only);
-    convert: "magic" (bf16 from bit patterns) or "cast" (int -> float);
+    pages_per_tile: pages scanned per loop iteration (under channel_key, one sub-tile per page);
+    convert: "asm" (fp16 from bit patterns through inline PTX), "magic" (bf16 from bit
+      patterns) or "cast" (int -> float); see pallas_kernels/decode.py;
     transposed: compute K.q^T and V^T.P^T (unpacked tiles as the matmul A operand).
     """
 
     n_low: int | None = None
     n_vl: int | None = None
     pages_per_tile: int | None = None
-    convert: str = "magic"
+    convert: str = "asm"
     transposed: bool = False
-    num_warps: int = 4
-    num_stages: int = 2
+    num_warps: int | None = None
+    num_stages: int | None = None
     sm_count: int = H200_SMS
+
+    def launch(self, lay: DecodeLayout, batch: int) -> tuple[int, int]:
+        """(num_warps, num_stages): measured best on the H200 (decode_kernel_h200.json, sweep):
+        2 warps / 2 stages while the splits are set by filling the GPU (small batch: more resident
+        blocks), else 4 warps / 3 stages (deeper prefetch per block)."""
+        small = batch * lay.kv_heads * lay.n_low <= 4 * self.sm_count
+        warps = self.num_warps or (2 if small else 4)
+        stages = self.num_stages or (2 if small else 3)
+        return warps, stages
 
 
 def _pow2_floor(x: int) -> int:
     return 1 << (max(1, x).bit_length() - 1)
+
+
+def _pow2_ceil(x: int) -> int:
+    return 1 << (max(1, x) - 1).bit_length()
 
 
 def _largest_pow2_divisor(n: int, cap: int) -> int:
@@ -83,12 +98,14 @@ def decode_layout(cache: HybridKVCache, config: HyQuantConfig, q_heads: int,
     ppt = tuning.pages_per_tile
     if ppt is None:
         ppt = max(1, 128 // config.block_size)
-    if key_mode == "channel":
-        ppt = 1  # one per-channel key scale per page: one page per matmul
     ppt = min(ppt, num_pages)
     if num_pages % ppt:
         ppt = 1
-    n_low = tuning.n_low or max(1, min(_pow2_floor(4 * tuning.sm_count // (b * h)), num_pages // ppt))
+    # Splits: enough thread blocks to fill the GPU at small batch, and at most MAX_SPLIT_TOKENS per split
+    # at any batch (a split that scans 16K-32K tokens alone leaves the last wave nearly empty).
+    fill = _pow2_floor(4 * tuning.sm_count // (b * h))
+    short = _pow2_ceil(math.ceil(num_pages * config.block_size / MAX_SPLIT_TOKENS))
+    n_low = tuning.n_low or max(1, min(max(fill, short), num_pages // ppt))
     n_vl = tuning.n_vl or max(1, n_low // 4)
     vl_tile = _largest_pow2_divisor(cache.vl_capacity, 64)
     ring_size = config.ring_size
@@ -115,8 +132,9 @@ def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, interpret: 
         )
     check_cache(cache, config)
     lay = decode_layout(cache, config, hq, tuning)
-    return _run(q, cache, lay, scale if scale is not None else 1.0 / math.sqrt(d), tuning.num_warps,
-                tuning.num_stages, interpret)
+    num_warps, num_stages = tuning.launch(lay, b)
+    return _run(q, cache, lay, scale if scale is not None else 1.0 / math.sqrt(d), num_warps, num_stages,
+                interpret)
 
 
 @jax.jit(static_argnames=("lay", "scale", "num_warps", "num_stages", "interpret"))

@@ -22,10 +22,18 @@ and Dp = D // n bytes per row, code j of byte i is dim j * Dp + i, in bits
 slices of dims with shifts and masks only (no in-register slicing, which
 Triton cannot lower).
 
-Code -> float conversion ("magic"): for codes u < 128, the bf16 with bits
-0x4300 | u is exactly 128 + u, built with integer OR instead of an int->float
-conversion instruction. Dots then see 128 + u; the 128 * sum(...) excess is
-removed per row with sums computed once per tile.
+Code -> float conversion (`_Codes`, `DecodeLayout.convert`):
+* "asm" (default): inline PTX turns 4 packed bytes into fp16 values
+  unit * (code - center), unit = 2**shift, with prmt + lop3 + one f16x2
+  subtraction (~1.25 instructions per code instead of a shift, mask and
+  convert per code); the dots run in fp16 with 1 / unit folded into q and
+  into the stored output. Symmetric codes come out centered, so no offset
+  terms remain. Interpret mode computes the same values with jnp. fp16
+  operands need |q| / sqrt(D) (and |q| * key scale under channel_key) below
+  65504; convert="magic" keeps bf16's range.
+* "magic": the bf16 with bits 0x4300 | u is exactly 128 + u (u < 128); the
+  128 * sum(...) excess is removed per row with sums computed once per tile.
+* "cast": u -> bf16 by conversion.
 """
 
 from __future__ import annotations
@@ -68,7 +76,7 @@ class DecodeLayout:
     vl_tile: int
     ring_tile: int
     ring_size: int
-    convert: str  # "magic" or "cast"
+    convert: str  # "asm", "magic" or "cast" (see _Codes)
     transposed: bool = False  # see _Orient
 
     @property
@@ -95,15 +103,76 @@ def _parts(bits: int, head_dim: int, group: int, mode: str):
     return out
 
 
-def _to_float(u, bits: int, convert: str, dtype):
-    """uint8 codes -> float tile: 128 + u ("magic", bits < 8) or u ("cast")."""
-    if convert == "magic" and bits < 8:
-        return lax.bitcast_convert_type(u.astype(jnp.uint16) | jnp.uint16(0x4300), jnp.bfloat16).astype(dtype)
-    return u.astype(dtype)
+@dataclasses.dataclass(frozen=True)
+class _Codes:
+    """How one packed slice becomes a float tile f = unit * (code - center).
+
+    The true (signed) code is code - half, so code - half = f / unit + delta
+    with delta = center - half; dot products fold 1 / unit into the other
+    operand and add delta * (row sums) only where delta != 0.
+    """
+
+    shift: int  # bit offset of the code in its byte
+    bits: int
+    half: float  # 2**(bits-1) for symmetric schemes, else 0
+    convert: str
+
+    @property
+    def unit(self) -> float:
+        return float(1 << self.shift) if self.convert == "asm" else 1.0
+
+    @property
+    def center(self) -> float:
+        if self.convert == "asm":
+            return self.half  # codes come out centered: no offset terms at all
+        return -MAGIC if self.convert == "magic" and self.bits < 8 else 0.0
+
+    @property
+    def delta(self) -> float:
+        return self.center - self.half
+
+    @property
+    def dtype(self):
+        return jnp.float16 if self.convert == "asm" else jnp.bfloat16
 
 
-def _excess(bits: int, convert: str) -> float:
-    return MAGIC if convert == "magic" and bits < 8 else 0.0
+def _unpack(byte_tile, c: _Codes, interpret: bool):
+    """uint8 tile -> float tile unit * (code - center) of the codes at bits [shift, shift + bits)."""
+    mask = (1 << c.bits) - 1
+    if c.convert != "asm":
+        u = (byte_tile >> c.shift) & mask if c.shift or mask != 255 else byte_tile
+        if c.convert == "magic" and c.bits < 8:
+            return lax.bitcast_convert_type(u.astype(jnp.uint16) | jnp.uint16(0x4300), jnp.bfloat16)
+        return u.astype(jnp.bfloat16)
+    if interpret:  # same values as the PTX below, for CPU interpret mode
+        u = ((byte_tile >> c.shift) & mask).astype(jnp.float32)
+        return (c.unit * (u - c.center)).astype(jnp.float16)
+    [out] = plgpu.elementwise_inline_asm(
+        _asm_unpack(c), args=[byte_tile], constraints="=r,=r,r", pack=4,
+        result_shape_dtypes=[jax.ShapeDtypeStruct(byte_tile.shape, jnp.float16)])
+    return out
+
+
+def _asm_unpack(c: _Codes) -> str:
+    """PTX turning 4 bytes into 4 fp16 values unit * (code - center), 10 instructions per 8 codes of a byte pair.
+
+    prmt moves bytes 0,1 (then 2,3) into the low bytes of the two 16-bit lanes;
+    lop3 keeps the code's bits and ORs in 0x6400 (fp16 1024, whose ulp is 1):
+    the lane is then exactly 1024 + unit * code; one f16x2 subtraction of
+    1024 + unit * center leaves unit * (code - center), exact in fp16.
+    """
+    mask = ((1 << c.bits) - 1) << c.shift
+    sub = 0x6400 + int(c.unit * c.center)  # fp16 bits of 1024 + unit * center (< 2048: ulp 1)
+    return (
+        "{\n.reg .b32 t0, t1, k;\n"
+        "prmt.b32 t0, $2, $2, 0x1100;\n"
+        "prmt.b32 t1, $2, $2, 0x3322;\n"
+        f"lop3.b32 $0, t0, {mask | mask << 16:#010x}, 0x64006400, 0xEA;\n"
+        f"lop3.b32 $1, t1, {mask | mask << 16:#010x}, 0x64006400, 0xEA;\n"
+        f"mov.b32 k, {sub | sub << 16:#010x};\n"
+        "sub.f16x2 $0, $0, k;\n"
+        "sub.f16x2 $1, $1, k;\n}"
+    )
 
 
 def _dot_t(a, b):
@@ -135,7 +204,7 @@ def _store_split(o_ref, m_ref, l_ref, b, h, split, accs, m, l, lay: DecodeLayout
 def _kernel(
     num_pages_ref, page_count_ref, num_vl_ref, ring_start_ref, ring_len_ref,
     q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, vlk_ref, vlv_ref, rk_ref, rv_ref,
-    o_ref, m_ref, l_ref, *, lay: DecodeLayout,
+    o_ref, m_ref, l_ref, *, lay: DecodeLayout, interpret: bool,
 ):
     bh, split = pl.program_id(0), pl.program_id(1)
     b, h = bh // lay.kv_heads, bh % lay.kv_heads
@@ -146,7 +215,7 @@ def _kernel(
     @pl.when(split < lay.n_low)
     def _low_bit():
         _low_bit_split(num_pages_ref, page_count_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref,
-                       o_ref, m_ref, l_ref, b, h, split, m0, l0, lay)
+                       o_ref, m_ref, l_ref, b, h, split, m0, l0, lay, interpret)
 
     def full_precision(k_ref, v_ref, count_fn, tile, num_tiles_fn, first_fn, split_out):
         q = q_ref[b, h, :, :].astype(jnp.bfloat16)
@@ -224,24 +293,21 @@ class _Orient:
 
 
 def _low_bit_split(num_pages_ref, page_count_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref,
-                   o_ref, m_ref, l_ref, b, h, split, m0, l0, lay: DecodeLayout):
+                   o_ref, m_ref, l_ref, b, h, split, m0, l0, lay: DecodeLayout, interpret: bool):
     rows = lay.rows
     ppt = lay.pages_per_tile
-    tile = ppt * lay.block
     o = _Orient(lay.transposed)
     key_parts = _parts(lay.key_bits, lay.head_dim, lay.key_group, lay.key_mode)
     value_parts = _parts(lay.value_bits, lay.head_dim, lay.value_group, lay.value_mode)
-    k_excess = _excess(lay.key_bits, lay.convert)
-    v_excess = _excess(lay.value_bits, lay.convert)
     k_half = 2.0 ** (lay.key_bits - 1) if lay.key_mode == "sym" else 0.0
     v_half = 2.0 ** (lay.value_bits - 1) if lay.value_mode == "sym" else 0.0
-    kmask = (1 << lay.key_bits) - 1 if lay.key_mode != "raw" else 0
-    vmask = (1 << lay.value_bits) - 1 if lay.value_mode != "raw" else 0
+    k_codes = [_Codes(shift, lay.key_bits, k_half, lay.convert) for (_, _, shift, _, _) in key_parts]
+    v_codes = [_Codes(shift, lay.value_bits, v_half, lay.convert) for (_, _, shift, _, _) in value_parts]
 
-    # Query slices (one per key part), and their row sums for the offset terms.
+    # Query slices (one per key part) in f32, their matmul operands (1 / unit folded in) and row sums.
     q_parts = [q_ref[b, h, :, pl.ds(dim0, width)].astype(jnp.float32) for (_, width, _, dim0, _) in key_parts]
     q_sums = [jnp.sum(x, axis=1) for x in q_parts]
-    q_dots = [x.astype(jnp.bfloat16) for x in q_parts]
+    q_dots = [(x / c.unit).astype(c.dtype) for x, c in zip(q_parts, k_codes)]
 
     pages = num_pages_ref[b]
     per = _round_up(pl.cdiv(pages, lay.n_low), ppt)
@@ -249,73 +315,96 @@ def _low_bit_split(num_pages_ref, page_count_ref, q_ref, kc_ref, ks_ref, kz_ref,
     p1 = jnp.minimum(p0 + per, pages)
     n_iter = pl.cdiv(jnp.maximum(p1 - p0, 0), ppt)
 
-    slot = lax.broadcasted_iota(jnp.int32, (tile,), 0)
+    # A loop iteration scans ppt pages as n_sub sub-tiles of `sub` tokens: one per page under channel
+    # keys (one key scale per channel and page), else one tile. All sub-tiles share one softmax update.
+    sub_pages = 1 if lay.key_mode == "channel" else ppt
+    n_sub, sub = ppt // sub_pages, sub_pages * lay.block
+    slot = lax.broadcasted_iota(jnp.int32, (sub,), 0)
     slot_page, slot_within = slot // lay.block, slot % lay.block
     accs0 = [jnp.zeros(o.acc_shape(rows, width), jnp.float32) for (_, width, _, _, _) in value_parts]
 
-    def body(i, carry):
-        m, l, accs = carry
-        page = p0 + i * ppt
-        t0 = page * lay.block
-        count = jnp.zeros((tile,), jnp.int32)
-        for k in range(ppt):  # tokens held by each page of the tile
-            count = jnp.where(slot_page == k, page_count_ref[b, page + k], count)
-        valid = (slot_within < count) & (page + slot_page < p1)
-
-        s = jnp.zeros((tile, rows) if o.t else (rows, tile), jnp.float32)
+    def logits(page, t0):
+        """Logits [rows, sub] (or transposed) of the `sub` low-bit keys from slot t0 (page `page`), unmasked."""
+        s = jnp.zeros((sub, rows) if o.t else (rows, sub), jnp.float32)
+        if lay.key_mode == "raw":
+            k = kc_ref[b, h, pl.ds(t0, sub), :].astype(jnp.bfloat16)
+            return s + o.logits(q_parts[0].astype(jnp.bfloat16), k)
         loaded = {}
-        for (col0, width, shift, dim0, grp), qd, qf, qs in zip(key_parts, q_dots, q_parts, q_sums):
-            if lay.key_mode == "raw":
-                k = kc_ref[b, h, pl.ds(t0, tile), :].astype(jnp.bfloat16)
-                s = s + o.logits(qd, k)
-                continue
+        group_raw, group_qsum = {}, {}  # per scale group: sum_j q_j . (code_j - half), sum of q
+        for (col0, width, _, dim0, grp), c, qd, qf, qs in zip(key_parts, k_codes, q_dots, q_parts, q_sums):
             if col0 not in loaded:
-                loaded[col0] = kc_ref[b, h, pl.ds(t0, tile), pl.ds(col0, width)]
-            u = (loaded[col0] >> shift) & kmask if shift or kmask != 255 else loaded[col0]
-            kf = _to_float(u, lay.key_bits, lay.convert, jnp.bfloat16)
-            if lay.key_mode == "channel":
+                loaded[col0] = kc_ref[b, h, pl.ds(t0, sub), pl.ds(col0, width)]
+            kf = _unpack(loaded[col0], c, interpret)
+            if lay.key_mode == "channel":  # k = code * sc + zero per channel: sc folds into q, zero gives a bias
                 sc = ks_ref[b, h, page, pl.ds(dim0, width)].astype(jnp.float32)
                 zc = kz_ref[b, h, page, pl.ds(dim0, width)].astype(jnp.float32)
-                qq = (qf * sc[None, :]).astype(jnp.bfloat16)
-                bias = jnp.sum(qf * zc[None, :], axis=1) - k_excess * jnp.sum(qq.astype(jnp.float32), axis=1)
+                qq = (qf * sc[None, :] / c.unit).astype(c.dtype)
+                bias = jnp.sum(qf * zc[None, :], axis=1)
+                if c.delta:
+                    bias = bias + c.delta * c.unit * jnp.sum(qq.astype(jnp.float32), axis=1)
                 s = s + o.logits(qq, kf) + o.per_row(bias)
-            else:
-                sc = ks_ref[b, h, pl.ds(t0, tile), grp].astype(jnp.float32)
-                raw = o.logits(qd, kf) - (k_excess + k_half) * o.per_row(qs)
-                s = s + o.per_token(sc) * raw
-                if lay.key_mode == "asym":
-                    zc = kz_ref[b, h, pl.ds(t0, tile), grp].astype(jnp.float32)
-                    s = s + o.per_token(zc) * o.per_row(qs)
-        s = jnp.where(o.per_token(valid), s, -jnp.inf)
-        m_new = jnp.maximum(m, jnp.max(s, axis=o.tok))
-        alpha = jnp.exp(m - m_new)
-        p = jnp.exp(s - o.per_row(m_new))
-        l = alpha * l + jnp.sum(p, axis=o.tok)
-
-        new_accs = []
-        loaded = {}
-        for (col0, width, shift, dim0, grp), acc in zip(value_parts, accs):
-            acc = o.per_row(alpha) * acc
-            if lay.value_mode == "raw":
-                v = vc_ref[b, h, pl.ds(t0, tile), :].astype(jnp.bfloat16)
-                new_accs.append(acc + o.pv(p.astype(jnp.bfloat16), v))
                 continue
-            if col0 not in loaded:
-                loaded[col0] = vc_ref[b, h, pl.ds(t0, tile), pl.ds(col0, width)]
-            u = (loaded[col0] >> shift) & vmask if shift or vmask != 255 else loaded[col0]
-            vf = _to_float(u, lay.value_bits, lay.convert, jnp.bfloat16)
-            sc = vs_ref[b, h, pl.ds(t0, tile), grp].astype(jnp.float32)
-            pp = (p * o.per_token(sc)).astype(jnp.bfloat16)
-            corr = (v_excess + v_half) * jnp.sum(pp.astype(jnp.float32), axis=o.tok)
-            if lay.value_mode == "asym":
-                zc = vz_ref[b, h, pl.ds(t0, tile), grp].astype(jnp.float32)
-                corr = corr - jnp.sum(p * o.per_token(zc), axis=o.tok)
-            new_accs.append(acc + o.pv(pp, vf) - o.per_row(corr))
+            raw = o.logits(qd, kf)
+            if c.delta:
+                raw = raw + c.delta * o.per_row(qs)
+            group_raw[grp] = group_raw[grp] + raw if grp in group_raw else raw
+            group_qsum[grp] = group_qsum[grp] + qs if grp in group_qsum else qs
+        for grp, raw in group_raw.items():
+            sc = ks_ref[b, h, pl.ds(t0, sub), grp].astype(jnp.float32)
+            s = s + o.per_token(sc) * raw
+            if lay.key_mode == "asym":
+                zc = kz_ref[b, h, pl.ds(t0, sub), grp].astype(jnp.float32)
+                s = s + o.per_token(zc) * o.per_row(group_qsum[grp])
+        return s
+
+    def sub_tile(first_page):
+        """(masked logits, first slot) of the sub-tile starting at `first_page`."""
+        count = jnp.zeros((sub,), jnp.int32)
+        for k in range(sub_pages):  # tokens held by each page of the sub-tile
+            count = jnp.where(slot_page == k, page_count_ref[b, first_page + k], count)
+        valid = (slot_within < count) & (first_page + slot_page < p1)
+        t0 = first_page * lay.block
+        return jnp.where(o.per_token(valid), logits(first_page, t0), -jnp.inf), t0
+
+    def body(i, carry):
+        m, l, accs = carry
+        tiles = [sub_tile(p0 + i * ppt + j * sub_pages) for j in range(n_sub)]
+        m_new = m
+        for s, _ in tiles:
+            m_new = jnp.maximum(m_new, jnp.max(s, axis=o.tok))
+        alpha = jnp.exp(m - m_new)
+        probs = [jnp.exp(s - o.per_row(m_new)) for s, _ in tiles]
+        l = alpha * l
+        for p in probs:
+            l = l + jnp.sum(p, axis=o.tok)
+
+        # Accumulators hold unit * (sum of p * v) per value part; the store divides by unit.
+        new_accs = [o.per_row(alpha) * acc for acc in accs]
+        for p, (_, t0) in zip(probs, tiles):
+            loaded = {}
+            for n, ((col0, width, _, dim0, grp), c) in enumerate(zip(value_parts, v_codes)):
+                if lay.value_mode == "raw":
+                    v = vc_ref[b, h, pl.ds(t0, sub), :].astype(jnp.bfloat16)
+                    new_accs[n] = new_accs[n] + o.pv(p.astype(jnp.bfloat16), v)
+                    continue
+                if col0 not in loaded:
+                    loaded[col0] = vc_ref[b, h, pl.ds(t0, sub), pl.ds(col0, width)]
+                vf = _unpack(loaded[col0], c, interpret)
+                sc = vs_ref[b, h, pl.ds(t0, sub), grp].astype(jnp.float32)
+                pp = (p * o.per_token(sc)).astype(c.dtype)
+                acc = new_accs[n] + o.pv(pp, vf)
+                if c.delta:
+                    acc = acc + o.per_row(c.unit * c.delta * jnp.sum(pp.astype(jnp.float32), axis=o.tok))
+                if lay.value_mode == "asym":
+                    zc = vz_ref[b, h, pl.ds(t0, sub), grp].astype(jnp.float32)
+                    acc = acc + o.per_row(c.unit * jnp.sum(p * o.per_token(zc), axis=o.tok))
+                new_accs[n] = acc
         return m_new, l, new_accs
 
     m, l, accs = lax.fori_loop(0, n_iter, body, (m0, l0, accs0))
-    dims = [(dim0, width) for (_, width, _, dim0, _) in value_parts]
-    _store_split(o_ref, m_ref, l_ref, b, h, split, list(zip(dims, [o.rows_major(a) for a in accs])), m, l, lay)
+    outs = [((dim0, width), o.rows_major(acc) * (1.0 / c.unit))
+            for (_, width, _, dim0, _), c, acc in zip(value_parts, v_codes, accs)]
+    _store_split(o_ref, m_ref, l_ref, b, h, split, outs, m, l, lay)
 
 
 @functools.partial(jax.jit, static_argnames=("lay", "num_warps", "num_stages", "interpret"))
@@ -337,7 +426,7 @@ def hybrid_decode_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, 
         jax.ShapeDtypeStruct((b, h, ns, rows), jnp.float32),
     ]
     return pl.pallas_call(
-        functools.partial(_kernel, lay=lay),
+        functools.partial(_kernel, lay=lay, interpret=interpret),
         grid=(b * h, ns),
         out_shape=out_shape,
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),

@@ -61,12 +61,73 @@ def test_interpret_matches_reference(scheme, key_bits, value_bits):
     _check(qd, cache, config, interpret=True, tuning=DecodeTuning(n_low=2, n_vl=2))
 
 
-@pytest.mark.parametrize("convert,pages_per_tile,transposed", [("cast", 1, False), ("magic", 2, True)])
+@pytest.mark.parametrize("convert,pages_per_tile,transposed",
+                         [("cast", 1, False), ("magic", 2, True), ("asm", 2, True), ("magic", 1, False)])
 def test_interpret_tile_and_convert_variants(convert, pages_per_tile, transposed):
     config = hq.HyQuantConfig(scheme="token_asym", group_size=32, **SMALL)
     qd, cache = _cache(jax.random.PRNGKey(2), 1, 3, 1, 64, [200], config, appends=5)
     _check(qd, cache, config, interpret=True, tuning=DecodeTuning(
         n_low=3, n_vl=1, pages_per_tile=pages_per_tile, convert=convert, transposed=transposed))
+
+
+@pytest.mark.parametrize("scheme,bits", [("token_sym", 4), ("channel_key", 2), ("token_sym", 8)])
+def test_interpret_magic_conversion(scheme, bits):
+    """The bf16 "magic" conversion with its excess terms, for every scheme (the default is "asm")."""
+    config = hq.HyQuantConfig(scheme=scheme, key_bits=bits, value_bits=bits, **SMALL)
+    qd, cache = _cache(jax.random.PRNGKey(9), 1, 4, 2, 64, [180], config, appends=3)
+    _check(qd, cache, config, interpret=True, tuning=DecodeTuning(n_low=2, convert="magic"))
+
+
+def _run_ptx(asm: str, word: int) -> list[float]:
+    """Execute the few PTX instructions `_asm_unpack` emits on one 32-bit input; returns the 4 fp16 outputs."""
+    regs = {"$2": word}
+
+    def val(x):
+        x = x.strip().rstrip(";")
+        return regs[x] if x in regs else int(x, 0)
+
+    def halves(x):
+        return np.array([x & 0xFFFF, x >> 16], np.uint16).view(np.float16)
+
+    for line in asm.strip("{}\n").split("\n"):
+        op, _, rest = line.strip().partition(" ")
+        args = [a.strip() for a in rest.rstrip(";").split(",")]
+        if op in ("", ".reg"):
+            continue
+        if op == "prmt.b32":  # default mode: byte k of d = byte (selector nibble k) of {b, a}
+            src = val(args[1]) | val(args[2]) << 32
+            sel = val(args[3])
+            regs[args[0]] = sum(((src >> (8 * ((sel >> (4 * k)) & 7))) & 0xFF) << (8 * k) for k in range(4))
+        elif op == "lop3.b32":  # bitwise function given by the 8-bit truth table over (a=0xF0, b=0xCC, c=0xAA)
+            a, b, c, lut = (val(x) for x in args[1:])
+            regs[args[0]] = sum(((lut >> (((a >> i) & 1) << 2 | ((b >> i) & 1) << 1 | ((c >> i) & 1))) & 1) << i
+                                for i in range(32))
+        elif op == "mov.b32":
+            regs[args[0]] = val(args[1])
+        elif op == "sub.f16x2":
+            d = (halves(val(args[1])) - halves(val(args[2]))).astype(np.float16).view(np.uint16)
+            regs[args[0]] = int(d[0]) | int(d[1]) << 16
+        else:
+            raise AssertionError(f"unexpected PTX instruction {op!r}")
+    return [float(x) for r in ("$0", "$1") for x in halves(regs[r])]
+
+
+@pytest.mark.parametrize("bits,half", [(4, 8.0), (4, 0.0), (2, 2.0), (2, 0.0), (8, 128.0), (8, 0.0)])
+def test_ptx_unpack_matches_interpret_values(bits, half):
+    """The inline PTX of the "asm" conversion, executed instruction by instruction on every byte value
+    (4 bytes per word, every code position), equals the values the interpret path computes."""
+    from pallas_kernels.decode import _asm_unpack, _Codes, _unpack
+
+    all_bytes = np.arange(256, dtype=np.uint8)
+    words = all_bytes.reshape(64, 4)
+    for shift in range(0, 8, bits):
+        c = _Codes(shift, bits, half, "asm")
+        want = np.asarray(_unpack(jnp.asarray(all_bytes), c, interpret=True), np.float32).reshape(64, 4)
+        codes = ((all_bytes >> shift) & ((1 << bits) - 1)).astype(np.float32).reshape(64, 4)
+        np.testing.assert_array_equal(want, (2.0 ** shift) * (codes - half))
+        asm = _asm_unpack(c)
+        got = np.array([_run_ptx(asm, int(w.view(np.uint32)[0])) for w in words])
+        np.testing.assert_array_equal(got, want)
 
 
 def test_interpret_short_and_empty_sequences():
@@ -132,8 +193,10 @@ def test_gpu_schemes_and_bits(scheme, key_bits, value_bits, group_size, head_dim
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tuning", [DecodeTuning(convert="cast"), DecodeTuning(pages_per_tile=1, n_low=7),
+@pytest.mark.parametrize("tuning", [DecodeTuning(convert="cast"), DecodeTuning(convert="magic"),
+                                    DecodeTuning(pages_per_tile=1, n_low=7),
                                     DecodeTuning(pages_per_tile=4, num_warps=8, num_stages=3),
+                                    DecodeTuning(pages_per_tile=4, num_warps=2, num_stages=4),
                                     DecodeTuning(transposed=True), DecodeTuning(transposed=False)])
 def test_gpu_tunings(tuning):
     config = hq.HyQuantConfig()
