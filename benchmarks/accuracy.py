@@ -1,11 +1,13 @@
 """Accuracy of HyQuant vs the paper's baselines on SmolLM2-135M: coverage, operator error, perplexity, retrieval.
 
-  python benchmarks/accuracy.py [--quick] [--sections coverage,operator,perplexity,retrieval,greedy]
+  python benchmarks/accuracy.py [--quick | --spec] [--sections coverage,operator,perplexity,retrieval,greedy]
   hyquant eval accuracy [--quick]                       (the same script)
   python benchmarks/accuracy.py --summary-only benchmarks/results/accuracy_smollm2.json
 
 Every method runs through the same model code (`models.forward`) and the
-model-facing attention implementations, on the jnp reference path (CPU-sized):
+model-facing attention implementations, on the jnp reference path (XLA on any
+device; float32 matmuls at full precision and float32 P.V, so a GPU run computes
+what a CPU run does):
 
   bf16            exact attention, bf16 KV cache
   hyquant_k4v4    HyQuant (default HyQuantConfig: channel_key scheme, rho 5%, W 128); also _k4v2, _k2v4
@@ -30,7 +32,8 @@ Sections (results/accuracy_smollm2.json, PNGs next to it):
 Prefills are shared: bf16 and the quantized baselines prefill exactly (one run serves all of them), the
 three HyQuant bit widths share one hybrid prefill; each method then runs its own Freeze and decode.
 --quick runs a reduced version in a few minutes (the CI test). The full default sizes are what 2 CPU cores
-finish in about an hour; the JSON lists every reduction against the issue's specification.
+finish in about an hour; the JSON lists every reduction against the issue's specification. --spec runs
+the specification's sizes (on one H200: benchmarks/gpu_accuracy.sh, with --dtype float32 as on CPU).
 """
 
 from __future__ import annotations
@@ -76,11 +79,14 @@ SCHEMES = ("token_sym", "token_asym", "channel_key")
 COMPONENTS = {"uniform (W 0, rho 0)": (0, 0.0), "window only (W 128)": (128, 0.0),
               "VL only (rho 5%)": (0, 0.05), "VL + window": (128, 0.05)}
 PREFILL_METHODS = ("hyquant", "sage_int8", "sparse_vl")
+# float32 matmuls in full float32 on every device: jax's default on GPUs is TF32 (10-bit mantissa), on CPU
+# it is float32 already, so this makes a GPU run the computation a CPU run is.
+MATMUL_PRECISION = "highest"
 
 
 @dataclasses.dataclass(frozen=True)
 class Sizes:
-    """How much of each section to run. FULL fits ~1 h on 2 CPU cores; SPEC is what the issue asks."""
+    """How much of each section to run. FULL fits ~1 h on 2 CPU cores; SPEC is what the issue asks (--spec)."""
 
     coverage_lengths: tuple[int, ...] = (2048, 8192)
     coverage_windows: int = 2
@@ -160,7 +166,9 @@ _SIZE_ARGS = {  # flag -> (Sizes field, parser, help)
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="reduced sizes (a few minutes; what CI runs)")
+    profile = p.add_mutually_exclusive_group()
+    profile.add_argument("--quick", action="store_true", help="reduced sizes (a few minutes; what CI runs)")
+    profile.add_argument("--spec", action="store_true", help="the issue's specification (SPEC; sized for a GPU)")
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)}")
     p.add_argument("--model", default=None, help="HF folder or .gguf (default: SmolLM2-135M-Instruct Q4_1 GGUF)")
     p.add_argument("--wikitext", type=Path, default=DEFAULT_WIKITEXT, help="WikiText-2 raw test file")
@@ -187,8 +195,8 @@ def parse_args(argv=None):
 
 
 def sizes_from_args(args) -> Sizes:
-    """The QUICK or FULL profile with any per-size flags applied (validated)."""
-    sizes = QUICK if args.quick else FULL
+    """The QUICK, SPEC or FULL profile with any per-size flags applied (validated)."""
+    sizes = QUICK if args.quick else SPEC if args.spec else FULL
     for flag, (field, kind, _) in _SIZE_ARGS.items():
         value = getattr(args, flag[2:].replace("-", "_"))
         if value is not None:
@@ -229,7 +237,11 @@ def reductions(sizes: Sizes) -> list[str]:
 
 
 def make_method(name: str, cache_dtype, config=None):
-    """The attention implementation of a method name (MAIN_METHODS), reference backend, bf16 cache."""
+    """The attention implementation of a method name (MAIN_METHODS), reference backend, bf16 cache.
+
+    bf16 and the quantized baselines multiply float32 probabilities with float32 values on every
+    device (their default off-GPU only), as the reference backend of HyQuant and sparse_vl does.
+    """
     from hyquant_jax.config import HyQuantConfig
     from hyquant_jax.model_attention import HybridAttention, make_attention
     from hyquant_jax.sparse_attention import VerticalSparseAttention
@@ -241,7 +253,7 @@ def make_method(name: str, cache_dtype, config=None):
     if name == "sparse_vl":
         return VerticalSparseAttention(config or HyQuantConfig(), cache_dtype=cache_dtype)
     if name in MAIN_METHODS:
-        return make_attention(name, cache_dtype=cache_dtype)
+        return dataclasses.replace(make_attention(name, cache_dtype=cache_dtype), f32_probs=True)
     raise ValueError(f"unknown method {name!r}; choose from {KNOWN_METHODS}")
 
 
@@ -772,9 +784,10 @@ def summary_markdown(result: dict) -> str:
     if merged:
         runs = (f"`{merged['env']['command']}` ({', '.join(merged['sections'])}) and {runs} "
                 f"({', '.join(s for s in result['sections'] if s not in merged['sections'])})")
+    hardware = "2 CPU cores" if env.get("platform", "cpu") == "cpu" else f"one {env.get('device', 'GPU')}"
     lines = ["### Accuracy on SmolLM2-135M-Instruct (`benchmarks/accuracy.py`, issue 6)", "",
              f"{env.get('device', '?')}, jax {env.get('jax', '?')}, {env.get('date', '?')[:10]}, {runs}, "
-             f"wall time {result.get('wall_s', 0) / 60:.0f} min on 2 CPU cores; file "
+             f"wall time {result.get('wall_s', 0) / 60:.0f} min on {hardware}; file "
              f"`{result.get('out', 'benchmarks/results/accuracy_smollm2.json')}`. All methods run through the same "
              "model code on the jnp reference path with a bf16 KV cache; HyQuant uses the default config "
              "(channel_key, rho 5%, W 128).", ""]
@@ -784,7 +797,7 @@ def summary_markdown(result: dict) -> str:
             lines += fn(result[key]) + [""]
     lines += _md_targets(result.get("targets", {}))
     if result.get("reduced"):
-        lines += ["", "Reduced against the issue's specification to fit 2 CPU cores: "
+        lines += ["", f"Reduced against the issue's specification to fit {hardware}: "
                   + "; ".join(result["reduced"]) + "."]
     return "\n".join(lines)
 
@@ -986,11 +999,13 @@ def run(args, sizes: Sizes) -> dict:
     cache_dtype = jnp.bfloat16
     model_cfg, params, tokenizer = load_model(args.model, _compute_dtype(args.dtype))
     stem = args.out.with_suffix("")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     result = {"env": environment(), "out": _rel(args.out), "quick": args.quick, "sections": list(args.sections),
               "model": {"name": Path(args.model).name if args.model else "SmolLM2-135M-Instruct.Q4_1.gguf",
                         "layers": model_cfg.num_layers, "q_heads": model_cfg.num_heads,
                         "kv_heads": model_cfg.num_kv_heads, "head_dim": model_cfg.head_dim,
-                        "compute_dtype": jnp.dtype(_compute_dtype(args.dtype)).name, "kv_cache_dtype": "bfloat16"},
+                        "compute_dtype": jnp.dtype(_compute_dtype(args.dtype)).name, "kv_cache_dtype": "bfloat16",
+                        "matmul_precision": str(jax.config.jax_default_matmul_precision)},
               "data": {"wikitext": str(args.wikitext), "essays": str(args.essays)},
               "sizes": dataclasses.asdict(sizes), "spec": dataclasses.asdict(SPEC),
               "reduced": [r for r in reductions(sizes) if section_of(r.split(":")[0]) in args.sections],
@@ -1013,10 +1028,14 @@ def run(args, sizes: Sizes) -> dict:
     wiki = wikitext_tokens(args.wikitext, tokenizer) if need_wiki else None
     captures = Captures(params, model_cfg, wiki) if need_wiki else None
     if "coverage" in args.sections:
-        section("coverage", lambda: coverage_section(captures, sizes, model_cfg))
-        maps = heatmap_maps(captures, sizes, model_cfg)
-        result["plots"]["heatmaps"] = _rel(attention_heatmaps(maps, sizes.heatmap_length,
-                                                              Path(f"{stem}_heatmaps.png")))
+        def coverage():  # the heatmaps too, so that the JSON written after the section names their PNG
+            out = coverage_section(captures, sizes, model_cfg)
+            maps = heatmap_maps(captures, sizes, model_cfg)
+            result["plots"]["heatmaps"] = _rel(attention_heatmaps(maps, sizes.heatmap_length,
+                                                                  Path(f"{stem}_heatmaps.png")))
+            return out
+
+        section("coverage", coverage)
     if "operator" in args.sections:
         def operator():
             out = operator_section(captures, sizes, model_cfg, cache_dtype)
@@ -1053,7 +1072,10 @@ def main(argv=None) -> int:
             print(result["summary_markdown"])
             return 0
         sizes = sizes_from_args(args)
-        result = run(args, sizes)
+        import jax
+
+        with jax.default_matmul_precision(MATMUL_PRECISION):
+            result = run(args, sizes)
     except ValueError as e:
         print(f"accuracy: error: {e}", file=sys.stderr)
         return 2

@@ -169,12 +169,14 @@ class QuantizedCacheAttention:
 
     config: bits, scheme, window and block of the quantized cache; rho must
     be 0. cache_dtype: dtype of the window and of the dequantized keys
-    (None: k's dtype). name: label for reports.
+    (None: k's dtype). name: label for reports. f32_probs: PV product in
+    float32 (None: only off-GPU, as `BF16Attention.f32_probs`).
     """
 
     config: HyQuantConfig
     cache_dtype: Any = None
     name: str = "quantized"
+    f32_probs: bool | None = None
 
     def __post_init__(self):
         if self.config.rho != 0:
@@ -185,7 +187,7 @@ class QuantizedCacheAttention:
 
     def prefill(self, layer, q, k, v, state, ctx: PrefillContext):
         if ctx.whole:
-            bf16 = BF16Attention()
+            bf16 = BF16Attention(f32_probs=self.f32_probs)
             out = causal_attention(q, k, v, bf16._impl(), bf16._f32())
             dt = self.cache_dtype or k.dtype
             vl = _empty_vl(k.shape[0], k.shape[1])
@@ -203,7 +205,8 @@ class QuantizedCacheAttention:
     def decode(self, layer, q, k, v, cache: HybridKVCache, ctx: DecodeContext):
         dt = cache.dtype
         cache = append(cache, k.astype(dt), v.astype(dt), self.config, active=ctx.active, flush=not ctx.prepared)
-        return dequantized_attention(q, cache, self.config, f32_probs=BF16Attention()._f32()), cache
+        f32 = BF16Attention(f32_probs=self.f32_probs)._f32()
+        return dequantized_attention(q, cache, self.config, f32_probs=f32), cache
 
     def begin_decode_step(self, states: tuple, ctx: DecodeContext) -> tuple:
         """Flush every full window ring of all layers under one branch (see `flush_full_rings`)."""

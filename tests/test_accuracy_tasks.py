@@ -82,6 +82,10 @@ def test_benchmark_arguments_and_reductions(tmp_path, capsys):
     assert bench.main(["--ppl-methods", "bf16,fp4", "--out", str(tmp_path / "x.json")]) == 2
     assert "unknown methods ['fp4']" in capsys.readouterr().err
     assert bench.reductions(bench.SPEC) == []
+    assert bench.sizes_from_args(bench.parse_args(["--spec"])) == bench.SPEC
+    assert bench.sizes_from_args(bench.parse_args(["--spec", "--greedy-prompts", "2"])).greedy_prompts == 2
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--spec", "--quick"])
     assert any(r.startswith("retrieval_samples: 1") for r in bench.reductions(bench.FULL))
     with pytest.raises(SystemExit):
         bench.parse_args(["--sections", "speed"])

