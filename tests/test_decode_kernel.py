@@ -130,6 +130,31 @@ def test_ptx_unpack_matches_interpret_values(bits, half):
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("batch,capacity_tokens,n_low,launch", [
+    (1, 32768, 64, (2, 2)),    # small batch: splits fill the GPU (4 blocks per SM)
+    (16, 32768, 8, (4, 3)),    # large batch: splits of at most 4K tokens
+    (64, 32768, 8, (4, 3)),
+    (1, 131072, 64, (2, 2)),
+    (64, 2048, 1, (2, 2)),     # short cache: one split, 512 blocks still fit in one wave
+])
+def test_split_heuristic(batch, capacity_tokens, n_low, launch):
+    """Splits per KV head and launch parameters chosen from the H200 sweeps (Qwen3-8B heads, 132 SMs)."""
+    from hyquant_jax.decode_kernel import MAX_SPLIT_TOKENS, decode_layout
+
+    config = hq.HyQuantConfig()
+    pages = capacity_tokens // config.block_size
+    cache = jax.eval_shape(lambda: hq.freeze(
+        jnp.zeros((batch, 8, 256, 128), jnp.bfloat16), jnp.zeros((batch, 8, 256, 128), jnp.bfloat16),
+        jnp.full((batch,), 256, jnp.int32), jnp.zeros((batch, 32, 128, 128), jnp.bfloat16), config,
+        max_len=capacity_tokens))
+    assert cache.page_count.shape[1] >= pages
+    lay = decode_layout(cache, config, 32)
+    assert lay.n_low == n_low
+    assert DecodeTuning().launch(lay, batch) == launch
+    if batch * 8 * n_low > 4 * 132:  # past the fill regime every split covers at most MAX_SPLIT_TOKENS
+        assert cache.page_count.shape[1] * config.block_size / lay.n_low <= MAX_SPLIT_TOKENS
+
+
 def test_interpret_short_and_empty_sequences():
     """Lengths below W (no low-bit pages, no VL) and an empty sequence give no NaN."""
     config = hq.HyQuantConfig(**SMALL)
