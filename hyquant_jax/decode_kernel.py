@@ -17,6 +17,7 @@ from hyquant_jax.config import HyQuantConfig
 from pallas_kernels.decode import DecodeLayout, hybrid_decode_splits, merge_splits
 
 H200_SMS = 132
+CONVERTS = ("asm", "magic", "cast")
 MAX_SPLIT_TOKENS = 4096  # measured: splits of <= 4K tokens are best from B=16 to 64 at 32K (split_sweep)
 
 
@@ -41,7 +42,7 @@ class DecodeTuning:
     sm_count: int = H200_SMS
 
     def launch(self, lay: DecodeLayout, batch: int) -> tuple[int, int]:
-        """(num_warps, num_stages): measured best on the H200 (decode_kernel_h200.json, sweep):
+        """(num_warps, num_stages): measured best on the H200 (benchmarks/results/decode_sweep_subtiles_h200.log):
         2 warps / 2 stages while the splits are set by filling the GPU (small batch: more resident
         blocks), else 4 warps / 3 stages (deeper prefetch per block)."""
         small = batch * lay.kv_heads * lay.n_low <= 4 * self.sm_count
@@ -94,6 +95,8 @@ def decode_layout(cache: HybridKVCache, config: HyQuantConfig, q_heads: int,
             )
     if d not in (64, 128, 256):
         raise NotImplementedError(f"the Pallas decode kernel supports head_dim 64, 128, 256; got {d}")
+    if tuning.convert not in CONVERTS:
+        raise ValueError(f"DecodeTuning.convert must be one of {CONVERTS}, got {tuning.convert!r}")
     num_pages = cache.page_count.shape[1]
     ppt = tuning.pages_per_tile
     if ppt is None:

@@ -183,6 +183,13 @@ def test_unsupported_group_size_is_a_clear_error():
         kernel_decode(qd, cache, config, interpret=True)
 
 
+def test_unknown_conversion_is_rejected():
+    config = hq.HyQuantConfig(**SMALL)
+    qd, cache = _cache(jax.random.PRNGKey(5), 1, 2, 1, 64, [64], config)
+    with pytest.raises(ValueError, match="DecodeTuning.convert"):
+        kernel_decode(qd, cache, config, interpret=True, tuning=DecodeTuning(convert="int"))
+
+
 # ----------------------------------------------------------------- GPU: the compiled kernel
 
 GPU_HEADS = [(32, 8), (9, 3), (8, 8), (64, 8)]
