@@ -170,7 +170,7 @@ def sweep(inp: Inputs, config, iters, reps, log) -> tuple[DecodeTuning, list]:
     """Search at one shape: conversion, orientation, then pages per tile x warps x stages, then splits.
 
     Variants that give the same kernel layout as one already timed are skipped
-    (e.g. pages per tile under channel_key, which scans one page per tile).
+    (e.g. None and the explicit value the heuristic would pick).
     """
     rows, seen = [], set()
 

@@ -152,7 +152,8 @@ def main():
                 print(f"Batch sweep at {d['batch'][0]['prefix']} cached tokens:\n")
                 print(e2e_batch_table(d), "\n")
     print(generate_table(args.results), "\n")
-    for name in ("accuracy_smollm2.json", "accuracy_smollm2_retrieval_needle.json"):
+    for name in ("accuracy_smollm2.json", "accuracy_smollm2_retrieval_needle.json",
+                 "accuracy_smollm2_retrieval_multikey_vartrack.json"):
         d = _load(args.results, name)
         if d:
             from benchmarks.accuracy import summary_markdown
