@@ -185,7 +185,6 @@ def sweep(inp: Inputs, config, iters, reps, log) -> tuple[DecodeTuning, list]:
     best, best_ms = base, run(base)
     variants = [dataclasses.replace(base, convert=c) for c in ("magic", "cast")]
     variants.append(dataclasses.replace(base, transposed=True))
-    variants.append(dataclasses.replace(base, channel_bias=True))
     variants += [dataclasses.replace(base, pages_per_tile=p, num_warps=w, num_stages=st)
                  for p in (1, 2, 4) for w in (2, 4) for st in (2, 3, 4)]
     for t in variants:

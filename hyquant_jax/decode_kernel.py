@@ -29,10 +29,7 @@ class DecodeTuning:
     pages_per_tile: pages scanned per loop iteration (under channel_key, one sub-tile per page);
     convert: "asm" (fp16 from bit patterns through inline PTX), "magic" (bf16 from bit
       patterns) or "cast" (int -> float); see pallas_kernels/decode.py;
-    transposed: compute K.q^T and V^T.P^T (unpacked tiles as the matmul A operand);
-    channel_bias: under channel_key, compute the zero-point bias q . zero of every page once
-      before the kernel (one small matmul) instead of per page and channel slice inside it.
-      Opt-in: checked in interpret mode, not yet timed on the GPU.
+    transposed: compute K.q^T and V^T.P^T (unpacked tiles as the matmul A operand).
     """
 
     n_low: int | None = None
@@ -40,7 +37,6 @@ class DecodeTuning:
     pages_per_tile: int | None = None
     convert: str = "asm"
     transposed: bool = False
-    channel_bias: bool = False
     num_warps: int | None = None
     num_stages: int | None = None
     sm_count: int = H200_SMS
@@ -122,7 +118,6 @@ def decode_layout(cache: HybridKVCache, config: HyQuantConfig, q_heads: int,
         key_group=channel_group, value_group=channel_group, block=config.block_size, pages_per_tile=ppt,
         n_low=n_low, n_vl=n_vl, vl_tile=vl_tile, ring_tile=_largest_pow2_divisor(ring_size, 64),
         ring_size=ring_size, convert=tuning.convert, transposed=tuning.transposed,
-        channel_bias=tuning.channel_bias and key_mode == "channel",
     )
 
 
@@ -152,14 +147,10 @@ def _run(q, cache: HybridKVCache, lay: DecodeLayout, scale, num_warps, num_stage
     qg = (q.astype(jnp.float32) * scale).reshape(b, h, lay.group, d)
     qg = jnp.pad(qg, ((0, 0), (0, 0), (0, lay.rows - lay.group), (0, 0))).astype(jnp.bfloat16)
     unused = jnp.zeros((1,), jnp.bfloat16)
-    k_zero = unused if cache.k_zero is None else cache.k_zero
-    if lay.channel_bias:  # [B, H, pages, rows]: q . zero of each page (zero rows of q give 0)
-        k_zero = jnp.einsum("bhrd,bhpd->bhpr", qg.astype(jnp.float32), cache.k_zero.astype(jnp.float32),
-                            precision=jax.lax.Precision.HIGHEST)  # not TF32 on GPUs
     o, m, l = hybrid_decode_splits(
         qg, cache.k_codes,
         unused if cache.k_scale is None else cache.k_scale,
-        k_zero,
+        unused if cache.k_zero is None else cache.k_zero,
         cache.v_codes,
         unused if cache.v_scale is None else cache.v_scale,
         unused if cache.v_zero is None else cache.v_zero,

@@ -78,9 +78,6 @@ class DecodeLayout:
     ring_size: int
     convert: str  # "asm", "magic" or "cast" (see _Codes)
     transposed: bool = False  # see _Orient
-    # channel keys: the k_zero input holds the per-page bias q . zero [B, H, pages, rows] f32,
-    # computed once outside the kernel, instead of the zero points [B, H, pages, D]
-    channel_bias: bool = False
 
     @property
     def num_splits(self) -> int:
@@ -334,25 +331,18 @@ def _low_bit_split(num_pages_ref, page_count_ref, q_ref, kc_ref, ks_ref, kz_ref,
             return s + o.logits(q_parts[0].astype(jnp.bfloat16), k)
         loaded = {}
         group_raw, group_qsum = {}, {}  # per scale group: sum_j q_j . (code_j - half), sum of q
-        if lay.key_mode == "channel" and lay.channel_bias:
-            s = s + o.per_row(kz_ref[b, h, page, :])
         for (col0, width, _, dim0, grp), c, qd, qf, qs in zip(key_parts, k_codes, q_dots, q_parts, q_sums):
             if col0 not in loaded:
                 loaded[col0] = kc_ref[b, h, pl.ds(t0, sub), pl.ds(col0, width)]
             kf = _unpack(loaded[col0], c, interpret)
             if lay.key_mode == "channel":  # k = code * sc + zero per channel: sc folds into q, zero gives a bias
                 sc = ks_ref[b, h, page, pl.ds(dim0, width)].astype(jnp.float32)
+                zc = kz_ref[b, h, page, pl.ds(dim0, width)].astype(jnp.float32)
                 qq = (qf * sc[None, :] / c.unit).astype(c.dtype)
-                s = s + o.logits(qq, kf)
-                bias = None
-                if not lay.channel_bias:
-                    zc = kz_ref[b, h, page, pl.ds(dim0, width)].astype(jnp.float32)
-                    bias = jnp.sum(qf * zc[None, :], axis=1)
+                bias = jnp.sum(qf * zc[None, :], axis=1)
                 if c.delta:
-                    extra = c.delta * c.unit * jnp.sum(qq.astype(jnp.float32), axis=1)
-                    bias = extra if bias is None else bias + extra
-                if bias is not None:
-                    s = s + o.per_row(bias)
+                    bias = bias + c.delta * c.unit * jnp.sum(qq.astype(jnp.float32), axis=1)
+                s = s + o.logits(qq, kf) + o.per_row(bias)
                 continue
             raw = o.logits(qd, kf)
             if c.delta:

@@ -70,15 +70,6 @@ def test_interpret_tile_and_convert_variants(convert, pages_per_tile, transposed
         n_low=3, n_vl=1, pages_per_tile=pages_per_tile, convert=convert, transposed=transposed))
 
 
-@pytest.mark.parametrize("convert,key_bits,transposed", [("asm", 4, False), ("magic", 2, True)])
-def test_interpret_channel_bias_outside_kernel(convert, key_bits, transposed):
-    """channel_key with the per-page zero-point bias computed before the kernel."""
-    config = hq.HyQuantConfig(scheme="channel_key", key_bits=key_bits, **SMALL)
-    qd, cache = _cache(jax.random.PRNGKey(10), 2, 6, 2, 64, [170, 60], config, appends=4)
-    _check(qd, cache, config, interpret=True, tuning=DecodeTuning(
-        n_low=2, convert=convert, transposed=transposed, channel_bias=True))
-
-
 @pytest.mark.parametrize("scheme,bits", [("token_sym", 4), ("channel_key", 2), ("token_sym", 8)])
 def test_interpret_magic_conversion(scheme, bits):
     """The bf16 "magic" conversion with its excess terms, for every scheme (the default is "asm")."""
@@ -238,7 +229,6 @@ def test_gpu_schemes_and_bits(scheme, key_bits, value_bits, group_size, head_dim
                                     DecodeTuning(pages_per_tile=1, n_low=7),
                                     DecodeTuning(pages_per_tile=4, num_warps=8, num_stages=3),
                                     DecodeTuning(pages_per_tile=4, num_warps=2, num_stages=4),
-                                    DecodeTuning(channel_bias=True),
                                     DecodeTuning(transposed=True), DecodeTuning(transposed=False)])
 def test_gpu_tunings(tuning):
     config = hq.HyQuantConfig()
