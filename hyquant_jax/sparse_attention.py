@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hyquant_jax.cache import HybridKVCache, accumulate_ring_scores, append, flush_full_rings, freeze
+from hyquant_jax.causal_chunks import map_causal_chunks
 from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.reference import check_prefill_shapes, hybrid_decode_attention_reference, softmax_attend, vl_mask
 from hyquant_jax.vti import tail_queries, tail_query_count, vertical_token_identification
@@ -42,18 +43,17 @@ def _sparse_prefill(q, k, v, lengths, is_vl, *, window, block, scale, query_chun
     qg = q.astype(jnp.float32).reshape(b, hkv, hq // hkv, t, d)
     k32, v32 = k.astype(jnp.float32), v.astype(jnp.float32)
     key_ok = jnp.arange(t)[None, :] < lengths[:, None]  # [B, S]
-    outs = []
-    for start in range(0, t, query_chunk):  # chunk c only reads the keys up to its last query
-        end = min(start + query_chunk, t)
-        q_pos, key_pos = jnp.arange(start, end), jnp.arange(end)
+
+    def attend(qc, q_pos, key_len):
+        key_pos = jnp.arange(key_len)
         causal = key_pos[None, :] <= q_pos[:, None]  # [C, S]
         band = key_pos[None, :] >= ((q_pos // block) * block - window)[:, None]
-        keep = (causal[None, None, None] & (band[None, None, None] | is_vl[:, :, None, None, :end])
-                & key_ok[:, None, None, None, :end])
-        logits = jnp.einsum("bhgtd,bhsd->bhgts", qg[:, :, :, start:end], k32[:, :, :end]) * scale
-        out, _ = softmax_attend(logits, keep, v32[:, :, :end])
-        outs.append(out)
-    out = jnp.concatenate(outs, axis=3).reshape(b, hq, t, d)
+        keep = (causal[None, None, None] & (band[None, None, None] | is_vl[:, :, None, None, :key_len])
+                & key_ok[:, None, None, None, :key_len])
+        logits = jnp.einsum("bhgtd,bhsd->bhgts", qc, k32[:, :, :key_len]) * scale
+        return softmax_attend(logits, keep, v32[:, :, :key_len])[0]
+
+    out = map_causal_chunks(attend, qg, t, query_chunk).reshape(b, hq, t, d)
     q_ok = jnp.arange(t)[None, None, :, None] < lengths[:, None, None, None]
     return jnp.where(q_ok, out, 0.0).astype(q.dtype)
 

@@ -17,12 +17,14 @@ import pytest
 
 from hyquant_jax import HyQuantConfig
 from hyquant_jax.cache import freeze, ring_valid
+from hyquant_jax.causal_chunks import key_buckets
 from hyquant_jax.evaluation import (
     SharedPrefill,
     column_mass,
     decode_operator,
     decode_operator_reference,
     decode_states,
+    exact_causal_attention,
     hybrid_prefill,
     hybrid_prefill_causal,
     prefill_flavor,
@@ -68,12 +70,36 @@ def test_causal_hybrid_prefill_equals_reference(qk_format):
     lengths = jnp.array([200, 137], jnp.int32)
     vl = _vl(q, k, lengths, config)
     want = hybrid_prefill_attention_reference(q, k, v, lengths, *vl, config)
-    got = hybrid_prefill_causal(q, k, v, lengths, *vl, config, query_chunk=48)
-    for a, b in zip(_valid_rows(got, lengths), _valid_rows(want, lengths)):
-        np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
+    for chunk in (48, 16, 256):  # 5 uneven, 13 and 1 query chunks
+        got = hybrid_prefill_causal(q, k, v, lengths, *vl, config, query_chunk=chunk)
+        for a, b in zip(_valid_rows(got, lengths), _valid_rows(want, lengths)):
+            np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
     out, vl2 = hybrid_prefill(q, k, v, lengths, config, query_chunk=64)
     assert np.array_equal(np.asarray(vl2[0]), np.asarray(vl[0]))
     np.testing.assert_allclose(np.asarray(out), np.asarray(got), atol=2e-5)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 16, 23])
+def test_key_buckets_cover_each_chunk_with_at_most_twice_its_keys(n):
+    groups = key_buckets(n)
+    assert [g[0] for g in groups] == [0] + [g[1] for g in groups[:-1]] and groups[-1][1] == n
+    assert len(groups) == (n - 1).bit_length() + 1
+    for first, stop, key_chunks in groups:
+        for c in range(first, stop):
+            assert c + 1 <= key_chunks <= min(2 * (c + 1), n) or key_chunks == n
+
+
+@pytest.mark.parametrize("t,chunk", [(75, 16), (64, 16), (40, 64), (1, 8)])
+def test_exact_causal_attention_matches_float64(t, chunk):
+    q, k, v = _qkv(3, t=t)
+    got = np.asarray(exact_causal_attention(q, k, v, chunk))
+    q64, k64, v64 = (np.asarray(x, np.float64) for x in (q, k, v))
+    for b in range(2):
+        for h in range(4):
+            logits = q64[b, h] @ k64[b, h // 2].T / 4.0  # D = 16
+            logits[np.triu_indices(t, 1)] = -np.inf
+            p = np.exp(logits - logits.max(1, keepdims=True))
+            np.testing.assert_allclose(got[b, h], (p / p.sum(1, keepdims=True)) @ v64[b, h // 2], atol=2e-5)
 
 
 def _brute_sparse(q, k, v, n, vl_idx, vl_count, config):
@@ -251,3 +277,26 @@ def test_column_mass_rows_sum_to_one():
     np.testing.assert_allclose(np.asarray(col2), np.asarray(col), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="multiple of chunk"):
         column_mass(q[0, :, :100], k[0, :, :100], window=16, chunk=32)
+
+
+def test_retrieval_batches_do_not_change_outputs():
+    """benchmarks.accuracy.generate_batches: the batch size (incl. copies filling the last batch) is invisible."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks._accuracy_tasks import Sample
+    from benchmarks.accuracy import generate_batches
+
+    class Tok:
+        eos_ids, pad_id = (), 0
+
+    params = init_params(jax.random.PRNGKey(4), CONFIG, jnp.float32)
+    rng = np.random.default_rng(0)
+    samples = [Sample("needle", 48, 0.0, i, rng.integers(1, 96, n).tolist(), ["x"], 5)
+               for i, n in enumerate([48, 31, 40, 17, 48])]
+    methods = ("bf16", "uniform4")
+    one = generate_batches(params, CONFIG, Tok(), samples, methods, jnp.bfloat16, batch=1, desc="b1")
+    four = generate_batches(params, CONFIG, Tok(), samples, methods, jnp.bfloat16, batch=4, desc="b4")
+    assert one == four
+    assert all(len(ids) == 5 for rows in one.values() for ids in rows)
