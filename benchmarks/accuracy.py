@@ -178,6 +178,9 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
                    help="weights and activations (auto: float32 on CPU, bfloat16 on GPU); KV caches are bf16")
     p.add_argument("--seed", type=int, default=0, help="seed of the retrieval samples")
+    p.add_argument("--retrieval-batch", type=int, default=None,
+                   help="prompts per retrieval batch (default: one per depth); larger batches cut the number of "
+                        "steps on a GPU and do not change any output")
     p.add_argument("--merge", action="store_true",
                    help="keep the sections of an existing --out file that this run does not redo")
     p.add_argument("--summary-only", type=Path, default=None, metavar="JSON",
@@ -191,6 +194,8 @@ def parse_args(argv=None):
     bad = [s for s in args.sections if s not in SECTIONS]
     if bad:
         p.error(f"--sections: unknown {bad}; choose from {SECTIONS}")
+    if args.retrieval_batch is not None and args.retrieval_batch < 1:
+        p.error(f"--retrieval-batch must be >= 1, got {args.retrieval_batch}")
     return args
 
 
@@ -621,14 +626,15 @@ def retrieval_tasks_at(sizes: Sizes, length: int) -> tuple[str, ...]:
     return sizes.retrieval_tasks
 
 
-def retrieval_section(params, model_cfg, tokenizer, haystack, sizes: Sizes, cache_dtype, seed: int) -> dict:
+def retrieval_section(params, model_cfg, tokenizer, haystack, sizes: Sizes, cache_dtype, seed: int,
+                      batch: int | None = None) -> dict:
     from benchmarks._accuracy_tasks import make_sample
 
     samples = [make_sample(task, length, depth, i, haystack, tokenizer, seed)
                for length in sizes.retrieval_lengths for task in retrieval_tasks_at(sizes, length)
                for depth in sizes.retrieval_depths for i in range(sizes.retrieval_samples)]
     ids = generate_batches(params, model_cfg, tokenizer, samples, sizes.retrieval_methods, cache_dtype,
-                           batch=len(sizes.retrieval_depths), desc="retrieval")
+                           batch=batch or len(sizes.retrieval_depths), desc="retrieval")
     outputs = {name: [tokenizer.decode(x) for x in rows] for name, rows in ids.items()}
     result = {"lengths": list(sizes.retrieval_lengths), "depths": list(sizes.retrieval_depths),
               "tasks": list(sizes.retrieval_tasks), "samples": sizes.retrieval_samples,
@@ -1050,7 +1056,7 @@ def run(args, sizes: Sizes) -> dict:
     haystack = Haystack.from_folder(args.essays, tokenizer) if need_essays else None
     if "retrieval" in args.sections:
         section("retrieval", lambda: retrieval_section(params, model_cfg, tokenizer, haystack, sizes, cache_dtype,
-                                                       args.seed))
+                                                       args.seed, args.retrieval_batch))
     if "greedy" in args.sections:
         section("greedy", lambda: greedy_section(params, model_cfg, tokenizer, haystack, sizes, cache_dtype))
     result["wall_s"] = time.perf_counter() - t_start + sum(

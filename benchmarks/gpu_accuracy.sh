@@ -30,7 +30,14 @@
 # (580), so that the sections it finished (the JSON is written after each) stay for `run remaining`.
 # ACCURACY ARGS come last and override the sizes.
 #
-# Environment: ASSETS, OUT (required for run), SITE, PYTHON (python3), LIMIT_S. Local check of the logic:
+# Retrieval at the specification's sizes takes several calls: run one length per call into its own file,
+#   STEM=accuracy_smollm2_gpu_retrieval_8k bash benchmarks/gpu_accuracy.sh run retrieval \
+#       --retrieval-lengths 8192 --retrieval-batch 25
+# (compilation, not the prompts, dominates: 480 s for the first 8K batch of 4 methods, then 2.7 s per batch
+# of 5 prompts, on 2026-11-29, before the bucketed causal chunks of hyquant_jax.evaluation).
+#
+# Environment: ASSETS, OUT (required for run), SITE, PYTHON (python3), LIMIT_S, STEM (output name,
+# default accuracy_smollm2_gpu), XLA_FLAGS (default --xla_gpu_autotune_level=0). Local check of the logic:
 #   ASSETS=/tmp/a OUT=/tmp/o SITE=/tmp/s PYTHON=.venv/bin/python bash benchmarks/gpu_accuracy.sh stage
 #   ASSETS=/tmp/a OUT=/tmp/o SITE=/tmp/s PYTHON=.venv/bin/python bash benchmarks/gpu_accuracy.sh run greedy \
 #       --greedy-prompts 1 --greedy-length 512 --greedy-tokens 4 --greedy-methods bf16,uniform4
@@ -43,7 +50,7 @@ SITE="${SITE:-/tmp/site}"
 PYTHON="${PYTHON:-python3}"
 LIMIT_S="${LIMIT_S:-580}"
 MODEL=SmolLM2-135M-Instruct.Q4_1.gguf
-STEM=accuracy_smollm2_gpu
+STEM="${STEM:-accuracy_smollm2_gpu}"
 cd "$ROOT"
 
 copy_carried() {  # copy whichever parts this call carries into $ASSETS
@@ -134,6 +141,9 @@ run)
         "$ASSETS"/wheels/*.whl
     export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TQDM_MININTERVAL=15
     export JAX_COMPILATION_CACHE_DIR="$ASSETS/jax_cache"
+    # Accuracy does not need the fastest GEMM of each shape; autotuning every distinct dot shape of the
+    # reference paths is the suspected bulk of a 480 s compile seen at 8K (not measured separately).
+    export XLA_FLAGS="${XLA_FLAGS:---xla_gpu_autotune_level=0}"
     set +e
     timeout -s TERM "$((LIMIT_S - SECONDS))" "$PYTHON" benchmarks/accuracy.py --spec --dtype float32 --merge \
         --model "$ASSETS/$MODEL" --wikitext "$ASSETS/data/wikitext-2-raw/wiki.test.raw" \
