@@ -86,7 +86,7 @@ def test_key_buckets_cover_each_chunk_with_at_most_twice_its_keys(n):
     assert len(groups) == (n - 1).bit_length() + 1
     for first, stop, key_chunks in groups:
         for c in range(first, stop):
-            assert c + 1 <= key_chunks <= min(2 * (c + 1), n) or key_chunks == n
+            assert c + 1 <= key_chunks <= min(2 * c + 1, n)
 
 
 @pytest.mark.parametrize("t,chunk", [(75, 16), (64, 16), (40, 64), (1, 8)])
