@@ -21,9 +21,9 @@ def key_buckets(n_chunks: int) -> list[tuple[int, int, int]]:
     of two (at most n_chunks) leaves about log2(n_chunks) groups of
     contiguous chunks, each group one shape, for about 1.25x the causal
     minimum of attention work. XLA compiles a repeated shape once: on 2 CPU
-    cores an 8K hybrid prefill of SmolLM2 compiles in 33 s instead of 73 s
-    (n_chunks distinct shapes) and runs 5-10% slower; on the H200 the first
-    8K retrieval batch had spent 480 s compiling.
+    cores an 8K hybrid prefill of SmolLM2 compiles in 52 s instead of 73 s
+    (n_chunks distinct shapes), the exact one in 9 s instead of 16 s; on the
+    H200 the first 8K retrieval batch had spent 480 s compiling.
     """
     groups: list[tuple[int, int, int]] = []
     for c in range(n_chunks):
@@ -42,6 +42,13 @@ def map_causal_chunks(attend, q: jax.Array, t: int, chunk: int) -> jax.Array:
     the chunk's output [..., C, D] from keys [0, key_len). Positions past T
     (the last chunk's padding) see every key and are dropped. Returns
     [..., T, D].
+
+    The chunks run one after the other (an optimization barrier ties each
+    chunk's query to the previous output), so XLA keeps one chunk's logits
+    alive instead of scheduling them side by side: for 5 prompts of 8K
+    tokens through SmolLM2, the temporary memory of the hybrid prefill falls
+    from 23 GiB to 2.6 GiB (18 GiB with unbucketed chunks), at 8-14% more
+    run time at 4K than unbucketed, unbarriered chunks.
     """
     chunk = min(chunk, t)
     n = -(-t // chunk)
@@ -50,5 +57,8 @@ def map_causal_chunks(attend, q: jax.Array, t: int, chunk: int) -> jax.Array:
     for first, stop, key_chunks in key_buckets(n):
         key_len = min(key_chunks * chunk, t)
         for c in range(first, stop):
-            outs.append(attend(qp[..., c * chunk:(c + 1) * chunk, :], c * chunk + jnp.arange(chunk), key_len))
+            qc = qp[..., c * chunk:(c + 1) * chunk, :]
+            if outs:  # chunk c starts after chunk c - 1 is done: one chunk's temporaries live at a time
+                qc, outs[-1] = jax.lax.optimization_barrier((qc, outs[-1]))
+            outs.append(attend(qc, c * chunk + jnp.arange(chunk), key_len))
     return jnp.concatenate(outs, axis=-2)[..., :t, :]
