@@ -34,7 +34,7 @@
 #   STEM=accuracy_smollm2_gpu_retrieval_8k bash benchmarks/gpu_accuracy.sh run retrieval \
 #       --retrieval-lengths 8192 --retrieval-batch 25
 # (compilation, not the prompts, dominates: 480 s for the first 8K batch of 4 methods, then 2.7 s per batch
-# of 5 prompts, on 2026-11-29, before the bucketed causal chunks of hyquant_jax.causal_chunks).
+# of 5 prompts, on 2026-11-29).
 #
 # Environment: ASSETS, OUT (required for run), SITE, PYTHON (python3), LIMIT_S, STEM (output name,
 # default accuracy_smollm2_gpu), XLA_FLAGS (default --xla_gpu_autotune_level=0). Local check of the logic:

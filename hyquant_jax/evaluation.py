@@ -69,7 +69,7 @@ def exact_causal_attention(q, k, v, chunk: int = 512):
 
     q: [B, Hq, T, D]; k, v: [B, Hkv, T, D]. Same numerics as
     `BF16Attention`'s off-GPU prefill (float32 logits and probabilities) at
-    about 0.6x its work. Returns [B, Hq, T, D] in q.dtype.
+    about half its work. Returns [B, Hq, T, D] in q.dtype.
     """
     def attend(qc, pos, key_len):
         mask = (jnp.arange(key_len)[None, :] <= pos[:, None])[None, None, None]
@@ -106,7 +106,7 @@ def hybrid_prefill_causal(q, k, v, lengths, vl_idx, vl_count, config: HyQuantCon
     reference: per-token INT8/FP8 Q and mean-smoothed K are quantized
     independently of which keys a chunk reads, so a query chunk computing
     logits only over the keys it can see (`map_causal_chunks`) changes
-    nothing but cuts the work to about 0.6x.
+    nothing but halves the work.
     Returns [B, Hq, T, D] in q.dtype.
     """
     check_prefill_shapes(q, k, v, lengths)

@@ -17,7 +17,6 @@ import pytest
 
 from hyquant_jax import HyQuantConfig
 from hyquant_jax.cache import freeze, ring_valid
-from hyquant_jax.causal_chunks import key_buckets
 from hyquant_jax.evaluation import (
     SharedPrefill,
     column_mass,
@@ -77,16 +76,6 @@ def test_causal_hybrid_prefill_equals_reference(qk_format):
     out, vl2 = hybrid_prefill(q, k, v, lengths, config, query_chunk=64)
     assert np.array_equal(np.asarray(vl2[0]), np.asarray(vl[0]))
     np.testing.assert_allclose(np.asarray(out), np.asarray(got), atol=2e-5)
-
-
-@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 16, 23])
-def test_key_buckets_cover_each_chunk_with_at_most_twice_its_keys(n):
-    groups = key_buckets(n)
-    assert [g[0] for g in groups] == [0] + [g[1] for g in groups[:-1]] and groups[-1][1] == n
-    assert len(groups) == (n - 1).bit_length() + 1
-    for first, stop, key_chunks in groups:
-        for c in range(first, stop):
-            assert c + 1 <= key_chunks <= min(2 * c + 1, n)
 
 
 @pytest.mark.parametrize("t,chunk", [(75, 16), (64, 16), (40, 64), (1, 8)])
