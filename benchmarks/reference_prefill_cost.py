@@ -1,4 +1,4 @@
-"""Compile time, temporary memory and run time of the accuracy path's reference prefills.
+"""Compile time, temporary memory and run time of the reference prefills that evaluations run through.
 
     python benchmarks/reference_prefill_cost.py [--compile-length 8192 --compile-batch 5]
                                                 [--run-length 4096 --run-batch 1] [--flavors bf16,hyquant_k4v4]
