@@ -153,7 +153,8 @@ def retrieval_grids(result: dict, path: Path) -> Path:
                 ax.set_title(name, fontsize=9)
             if c == 0:
                 ax.set_ylabel(f"{task}\ndepth", fontsize=9)
-    fig.suptitle(f"Retrieval exact match ({result['samples']} samples per cell)", fontsize=10)
+    lo, hi = result.get("samples_per_cell", [result["samples"]] * 2)
+    fig.suptitle(f"Retrieval exact match ({lo if lo == hi else f'{lo}-{hi}'} samples per cell)", fontsize=10)
     return _save(fig, path)
 
 

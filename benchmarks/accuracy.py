@@ -185,6 +185,9 @@ def parse_args(argv=None):
                    help="keep the sections of an existing --out file that this run does not redo")
     p.add_argument("--summary-only", type=Path, default=None, metavar="JSON",
                    help="print the markdown summary of an existing result file and exit")
+    p.add_argument("--combine-retrieval", type=Path, nargs="+", default=None, metavar="JSON",
+                   help="combine the retrieval sections of several result files (e.g. one per GPU process, each "
+                        "possibly stopped early) into --out, re-scored from their per-sample hits, and exit")
     p.add_argument("--rebuild", type=Path, default=None, metavar="JSON",
                    help="recompute targets, summary and plots (all but the heatmaps) of an existing result file")
     for flag, (_, kind, text) in _SIZE_ARGS.items():
@@ -626,64 +629,141 @@ def retrieval_tasks_at(sizes: Sizes, length: int) -> tuple[str, ...]:
     return sizes.retrieval_tasks
 
 
-def retrieval_section(params, model_cfg, tokenizer, haystack, sizes: Sizes, cache_dtype, seed: int,
-                      batch: int | None = None) -> dict:
+def retrieval_samples(sizes: Sizes, haystack, tokenizer, seed: int) -> list:
+    """Every retrieval prompt of these sizes, interleaved so that each batch spans the tasks and depths.
+
+    Order: by length, then sample index, then task and depth. A run stopped early
+    (see retrieval_section's checkpoint) has then done about the same number of
+    samples in every cell of a length.
+    """
     from benchmarks._accuracy_tasks import make_sample
 
-    samples = [make_sample(task, length, depth, i, haystack, tokenizer, seed)
-               for length in sizes.retrieval_lengths for task in retrieval_tasks_at(sizes, length)
-               for depth in sizes.retrieval_depths for i in range(sizes.retrieval_samples)]
-    ids = generate_batches(params, model_cfg, tokenizer, samples, sizes.retrieval_methods, cache_dtype,
-                           batch=batch or len(sizes.retrieval_depths), desc="retrieval")
-    outputs = {name: [tokenizer.decode(x) for x in rows] for name, rows in ids.items()}
-    result = {"lengths": list(sizes.retrieval_lengths), "depths": list(sizes.retrieval_depths),
-              "tasks": list(sizes.retrieval_tasks), "samples": sizes.retrieval_samples,
-              "tasks_at": {str(n): list(retrieval_tasks_at(sizes, n)) for n in sizes.retrieval_lengths},
-              "prompt_tokens": {str(n): [min(len(s.prompt) for s in samples if s.length == n),
-                                         max(len(s.prompt) for s in samples if s.length == n)]
-                                for n in sizes.retrieval_lengths},
-              "definition": "a sample is correct when every answer string appears in the greedy output "
-                            "(RULER string match); grid = share correct per length and depth (None: not run); "
-                            "overall = share correct over all samples", "methods": {}, "examples": {}}
-    for name in sizes.retrieval_methods:
-        result["methods"][name] = score_method(samples, outputs[name], sizes)
-        shown = range(0, len(samples), max(1, len(samples) // 6))
-        result["examples"][name] = [{"task": samples[j].task, "length": samples[j].length, "depth": samples[j].depth,
-                                     "answers": samples[j].answers, "output": outputs[name][j]} for j in shown]
-    return result
+    return [make_sample(task, length, depth, i, haystack, tokenizer, seed)
+            for length in sizes.retrieval_lengths for i in range(sizes.retrieval_samples)
+            for task in retrieval_tasks_at(sizes, length) for depth in sizes.retrieval_depths]
 
 
-def score_method(samples, outputs: list[str], sizes: Sizes) -> dict:
-    """Per-task grids (length x depth), accuracies and the pooled share correct of one method."""
-    import numpy as np
+def retrieval_section(params, model_cfg, tokenizer, haystack, sizes: Sizes, cache_dtype, seed: int,
+                      batch: int | None = None, checkpoint=None) -> dict:
+    """Greedy retrieval of every method on every sample, scored (RULER string match).
 
+    checkpoint: optional callable taking the partial section (complete False)
+    after every batch, so that a run stopped early keeps what it finished.
+    """
     from benchmarks._accuracy_tasks import score
 
-    hits = {(s.task, s.length, s.depth, s.index): score(s, out) for s, out in zip(samples, outputs)}
+    t0 = time.perf_counter()
+    samples = retrieval_samples(sizes, haystack, tokenizer, seed)
 
-    def mean(keys, part=0):
-        vals = [hits[k][part] for k in keys if k in hits]
-        return float(np.mean(vals)) if vals else None
+    def section(outputs: dict, complete: bool) -> dict:
+        texts = {name: [None if ids is None else tokenizer.decode(ids) for ids in rows]
+                 for name, rows in outputs.items()}
+        hits = {name: [[s.task, s.length, s.depth, s.index, *score(s, text)]
+                       for s, text in zip(samples, rows) if text is not None] for name, rows in texts.items()}
+        done = [j for j in range(len(samples)) if all(rows[j] is not None for rows in texts.values())]
+        shown = done[::max(1, len(done) // 6)]
+        examples = {name: [{"task": samples[j].task, "length": samples[j].length, "depth": samples[j].depth,
+                            "answers": samples[j].answers, "output": texts[name][j]} for j in shown]
+                    for name in texts}
+        prompt_tokens = {str(n): [min(len(s.prompt) for s in samples if s.length == n),
+                                  max(len(s.prompt) for s in samples if s.length == n)]
+                         for n in sizes.retrieval_lengths}
+        out = retrieval_result(hits, sizes.retrieval_lengths, sizes.retrieval_depths, sizes.retrieval_tasks,
+                               sizes.retrieval_samples, seed, prompt_tokens=prompt_tokens, examples=examples,
+                               complete=complete)
+        out["elapsed_s"] = time.perf_counter() - t0
+        return out
+
+    on_batch = None if checkpoint is None else (lambda outputs: checkpoint(section(outputs, complete=False)))
+    ids = generate_batches(params, model_cfg, tokenizer, samples, sizes.retrieval_methods, cache_dtype,
+                           batch=batch or len(sizes.retrieval_depths), desc="retrieval", on_batch=on_batch)
+    return section(ids, complete=True)
+
+
+RETRIEVAL_DEFINITION = ("a sample is correct when every answer string appears in the greedy output (RULER string "
+                        "match); grid = share correct per length and depth (None: not run); overall = share correct "
+                        "over all samples; hits = [task, length, depth, index, correct, share of answers found] per "
+                        "sample")
+
+
+def retrieval_result(hits: dict, lengths, depths, tasks, samples: int, seed: int, prompt_tokens=None,
+                     examples=None, complete: bool = True) -> dict:
+    """The retrieval section from per-sample hits {method: [[task, length, depth, index, correct, partial]]}."""
+    lengths = sorted({int(n) for n in lengths})
+    tasks_at = {str(n): [t for t in tasks if any(h[0] == t and h[1] == n for rows in hits.values() for h in rows)]
+                for n in lengths}
+    counts = [sum(1 for h in rows if (h[0], h[1], h[2]) == (t, n, d))
+              for rows in hits.values() for n in lengths for t in tasks_at[str(n)] for d in depths]
+    return {"lengths": lengths, "depths": list(depths), "tasks": list(tasks), "samples": samples, "seed": seed,
+            "samples_per_cell": [min(counts), max(counts)] if counts else [0, 0], "tasks_at": tasks_at, "prompt_tokens": prompt_tokens or {}, "definition": RETRIEVAL_DEFINITION,
+            "complete": complete, "samples_done": {name: len(rows) for name, rows in hits.items()},
+            "methods": {name: score_hits(rows, lengths, depths, tasks) for name, rows in hits.items()},
+            "hits": hits, "examples": examples or {}}
+
+
+def score_hits(hits: list, lengths, depths, tasks) -> dict:
+    """Per-task grids (length x depth), accuracies and the pooled share correct of one method's hits."""
+    import numpy as np
+
+    def mean(rows, part=4):
+        return float(np.mean([h[part] for h in rows])) if rows else None
 
     out = {}
-    for task in sizes.retrieval_tasks:
-        keys = [k for k in hits if k[0] == task]
-        grid = {str(n): {str(d): mean([(task, n, d, i) for i in range(sizes.retrieval_samples)])
-                         for d in sizes.retrieval_depths} for n in sizes.retrieval_lengths}
-        out[task] = {"grid": grid, "accuracy": mean(keys), "partial": mean(keys, 1), "samples": len(keys),
-                     "by_length": {str(n): mean([k for k in keys if k[1] == n]) for n in sizes.retrieval_lengths}}
-    out["overall"] = mean(list(hits))
+    for task in tasks:
+        rows = [h for h in hits if h[0] == task]
+        grid = {str(n): {str(d): mean([h for h in rows if h[1] == n and h[2] == d]) for d in depths}
+                for n in lengths}
+        out[task] = {"grid": grid, "accuracy": mean(rows), "partial": mean(rows, 5), "samples": len(rows),
+                     "by_length": {str(n): mean([h for h in rows if h[1] == n]) for n in lengths}}
+    out["overall"] = mean(hits)
     out["samples"] = len(hits)
     return out
 
 
-def generate_batches(params, model_cfg, tokenizer, samples, methods, cache_dtype, batch: int, desc: str) -> dict:
+def combine_retrieval(sections: list[dict]) -> dict:
+    """One retrieval section from several (e.g. one per GPU process), re-scored from their per-sample hits.
+
+    The sections must share depths and seed; a sample (task, length, depth,
+    index) that two sections both ran must have the same score in both.
+    """
+    if not sections:
+        raise ValueError("combine_retrieval: no sections given")
+    for key in ("depths", "seed"):
+        values = {json.dumps(sec.get(key)) for sec in sections}
+        if len(values) > 1:
+            raise ValueError(f"combine_retrieval: the sections differ in {key}: {sorted(values)}")
+    if any("hits" not in sec for sec in sections):
+        raise ValueError("combine_retrieval: a section has no per-sample 'hits' (written before they were kept)")
+    merged: dict = {}
+    for sec in sections:
+        for name, rows in sec["hits"].items():
+            table = merged.setdefault(name, {})
+            for h in rows:
+                key = tuple(h[:4])
+                if key in table and table[key] != h:
+                    raise ValueError(f"combine_retrieval: {name} scored sample {key} differently: {table[key]} vs {h}")
+                table[key] = h
+    order = [m for m in KNOWN_METHODS if m in merged] + [m for m in merged if m not in KNOWN_METHODS]
+    hits = {name: sorted(merged[name].values(), key=lambda h: (h[1], h[3], h[0], h[2])) for name in order}
+    tasks = [t for t in ("needle", "multikey", "vartrack") if any(t in sec["tasks"] for sec in sections)]
+    lengths = {n for sec in sections for n in sec["lengths"]}
+    prompt_tokens = {n: span for sec in sections for n, span in sec.get("prompt_tokens", {}).items()}
+    examples = {name: ex for sec in sections for name, ex in sec.get("examples", {}).items()}
+    return retrieval_result(hits, lengths, sections[0]["depths"], tasks, max(sec["samples"] for sec in sections),
+                            sections[0]["seed"], prompt_tokens, examples,
+                            complete=all(sec.get("complete", True) for sec in sections))
+
+
+def generate_batches(params, model_cfg, tokenizer, samples, methods, cache_dtype, batch: int, desc: str,
+                     on_batch=None) -> dict:
     """Greedy token ids of every sample for every method: {method: [list of ids per sample]}.
 
-    Samples of one prompt length run in batches of `batch` (padded to that
-    length; the last batch is filled with copies); each prefill flavor runs
-    once per batch, then each method freezes its cache and decodes greedily
-    through `hyquant_jax.generate.decode` (stopping at EOS).
+    Samples of one prompt length run in batches of `batch` in their given order
+    (padded to that length; the last batch is filled with copies); each prefill
+    flavor runs once per batch, then each method freezes its cache and decodes
+    greedily through `hyquant_jax.generate.decode` (stopping at EOS).
+    on_batch: optional callable, given the outputs so far (None for samples not
+    run yet) after every batch.
     """
     import jax
     import jax.numpy as jnp
@@ -697,7 +777,7 @@ def generate_batches(params, model_cfg, tokenizer, samples, methods, cache_dtype
     groups = flavor_groups(methods, cache_dtype)
     eos = tuple(tokenizer.eos_ids or model_cfg.eos_token_ids)
     pad = tokenizer.pad_id or 0
-    order = sorted(range(len(samples)), key=lambda j: (samples[j].length, samples[j].task))
+    order = sorted(range(len(samples)), key=lambda j: samples[j].length)  # stable: keeps the given order
     chunks = [order[i:i + batch] for i in range(0, len(order), batch)]
     by_length: dict[int, list] = {}
     for c in chunks:
@@ -724,6 +804,8 @@ def generate_batches(params, model_cfg, tokenizer, samples, methods, cache_dtype
                     for r, j in enumerate(chunk):
                         outputs[name][j] = out[r, :count[r]].tolist()
                 del kvs
+            if on_batch is not None:
+                on_batch(outputs)
     return outputs
 
 
@@ -763,9 +845,15 @@ def targets(result: dict) -> dict:
     ret = result.get("retrieval", {}).get("methods", {})
     hq = next((m for m in ("hyquant_k4v4", EXACT_PREFILL) if m in ret), None)
     if hq and "bf16" in ret:
-        gap = 100 * (ret[hq]["overall"] - ret["bf16"]["overall"])
+        gap, samples = 100 * (ret[hq]["overall"] - ret["bf16"]["overall"]), ret[hq]["samples"]
+        hits = result["retrieval"].get("hits")
+        if hits:  # paired: only the samples both methods ran (a run stopped early may differ per method)
+            done = {tuple(h[:4]): h[4] for h in hits["bf16"]}
+            pairs = [(h[4], done[tuple(h[:4])]) for h in hits[hq] if tuple(h[:4]) in done]
+            samples = len(pairs)
+            gap = 100 * sum(a - b for a, b in pairs) / samples if pairs else float("nan")
         out["retrieval_within_2_points"] = {"value": gap, "threshold": -2.0, "met": gap >= -2.0, "method": hq,
-                                            "samples": ret[hq]["samples"]}
+                                            "samples": samples}
     op = result.get("operator", {}).get("ratio_to_uniform4", {})
     if "hyquant_k4v4" in op:
         worst = max(op["hyquant_k4v4"].values())
@@ -787,7 +875,12 @@ def summary_markdown(result: dict) -> str:
     env = result.get("env", {})
     runs = f"`{env.get('command', '')}`"
     merged = result.get("merged_from")
-    if merged:
+    combined = result.get("combined_from")
+    if combined:
+        stopped = sum(not c["complete"] for c in combined)
+        runs = (f"{len(combined)} retrieval runs ({stopped} stopped early; commands in the JSON's combined_from, "
+                f"the first `{combined[0]['command']}`) combined by {runs}")
+    elif merged:
         runs = (f"`{merged['env']['command']}` ({', '.join(merged['sections'])}) and {runs} "
                 f"({', '.join(s for s in result['sections'] if s not in merged['sections'])})")
     hardware = "2 CPU cores" if env.get("platform", "cpu") == "cpu" else f"one {env.get('device', 'GPU')}"
@@ -873,8 +966,11 @@ def _md_retrieval(r):
         return " / ".join("-" if v is None else _pct(v) for v in vals)
 
     head = "/".join(f"{int(n) / 1024:g}K" for n in lengths)
-    out = [f"Retrieval exact match (RULER-style string match; {r['samples']} sample(s) per task x length x depth, "
-           f"{len(r['depths'])} depths; '-' = not run at that length):", "",
+    lo, hi = r.get("samples_per_cell", [r["samples"]] * 2)
+    per_cell = f"{lo}" if lo == hi else f"{lo}-{hi}"
+    stopped = "" if r.get("complete", True) else "; stopped early: partial"
+    out = [f"Retrieval exact match (RULER-style string match; {per_cell} sample(s) per task x length x depth, "
+           f"{len(r['depths'])} depths; '-' = not run at that length{stopped}):", "",
            "| method | " + " | ".join(f"{t} ({head})" for t in r["tasks"]) + " | all samples |",
            "|---|" + "---|" * (len(r["tasks"]) + 1)]
     for name, m in r["methods"].items():
@@ -977,6 +1073,43 @@ def json_plots(result: dict, stem: Path) -> None:
         result["plots"]["retrieval"] = _rel(plots.retrieval_grids(result["retrieval"], Path(f"{stem}_needle.png")))
 
 
+def combine_files(paths: list[Path], out: Path) -> dict:
+    """`combine_retrieval` over result files; writes `out` (targets, summary, plots) and returns it."""
+    from benchmarks.common import environment
+
+    results = []
+    for path in paths:
+        if not path.is_file():
+            raise ValueError(f"--combine-retrieval: file not found: {path}")
+        data = json.loads(path.read_text())
+        if "retrieval" not in data:
+            raise ValueError(f"--combine-retrieval: {path} has no retrieval section")
+        results.append(data)
+    retrieval = combine_retrieval([r["retrieval"] for r in results])
+    lo = retrieval["samples_per_cell"][0]
+    sizes = dataclasses.replace(SPEC, **{f: tuple(results[0]["sizes"][f]) for f in ("retrieval_depths",)},
+                                retrieval_lengths=tuple(retrieval["lengths"]), retrieval_samples=lo,
+                                retrieval_tasks=tuple(retrieval["tasks"]), retrieval_needle_only_from=0,
+                                retrieval_methods=tuple(retrieval["methods"]))
+    env = dict(results[0]["env"])
+    env["command"] = environment()["command"]
+    result = {"env": env, "out": _rel(out), "quick": False, "sections": ["retrieval"], "model": results[0]["model"],
+              "data": results[0]["data"], "sizes": dataclasses.asdict(sizes), "spec": dataclasses.asdict(SPEC),
+              "reduced": [r for r in reductions(sizes) if section_of(r.split(":")[0]) == "retrieval"],
+              "methods": {m: describe(m) for m in retrieval["methods"] if m in KNOWN_METHODS},
+              "combined_from": [{"file": _rel(p), "command": r["env"]["command"], "device": r["env"].get("device"),
+                                 "date": r["env"].get("date"), "complete": r["retrieval"].get("complete", True),
+                                 "elapsed_s": r["retrieval"].get("elapsed_s"),
+                                 "samples_done": r["retrieval"].get("samples_done")}
+                                for p, r in zip(paths, results)],
+              "plots": {}, "timings_s": {}, "retrieval": retrieval}
+    elapsed = [c["elapsed_s"] for c in result["combined_from"] if c["elapsed_s"] is not None]
+    result["wall_s"] = max(elapsed) if elapsed else 0.0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    finish(result, out)
+    return result
+
+
 def finish(result: dict, out: Path) -> None:
     """Targets, plots and the markdown summary from the sections present; write the JSON."""
     result["targets"] = targets(result)
@@ -1055,8 +1188,12 @@ def run(args, sizes: Sizes) -> dict:
         section("perplexity", lambda: perplexity_section(params, model_cfg, wiki, sizes, cache_dtype))
     haystack = Haystack.from_folder(args.essays, tokenizer) if need_essays else None
     if "retrieval" in args.sections:
+        def checkpoint(partial):  # after every batch: a run stopped early keeps the samples it finished
+            result["retrieval"] = partial
+            _write(args.out, result)
+
         section("retrieval", lambda: retrieval_section(params, model_cfg, tokenizer, haystack, sizes, cache_dtype,
-                                                       args.seed, args.retrieval_batch))
+                                                       args.seed, args.retrieval_batch, checkpoint))
     if "greedy" in args.sections:
         section("greedy", lambda: greedy_section(params, model_cfg, tokenizer, haystack, sizes, cache_dtype))
     result["wall_s"] = time.perf_counter() - t_start + sum(
@@ -1070,6 +1207,10 @@ def main(argv=None) -> int:
     try:
         if args.summary_only is not None:
             print(summary_markdown(json.loads(args.summary_only.read_text())))
+            return 0
+        if args.combine_retrieval:
+            result = combine_files(args.combine_retrieval, args.out)
+            print(result["summary_markdown"])
             return 0
         if args.rebuild is not None:
             result = json.loads(args.rebuild.read_text())

@@ -70,6 +70,10 @@ def time_per_call(fn, q, operands, reps: int = 30) -> float:
 
 
 def write_json(path: str, payload: dict) -> None:
+    """Write payload as indented JSON; atomic (a temporary file renamed), so a run killed mid-write leaves the
+    previous file intact."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
         json.dump(payload, f, indent=2)
+    os.replace(tmp, path)

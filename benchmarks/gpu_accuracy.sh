@@ -36,6 +36,13 @@
 # (compilation, not the prompts, dominates: 480 s for the first 8K batch of 4 methods, then 2.7 s per batch
 # of 5 prompts, on 2026-11-29).
 #
+# Or run retrieval as parallel processes (one per LENGTH:METHODS[:BATCH], default batch 25), each writing its
+# partial result after every batch, all stopped at $LIMIT_S; their files (this call's and earlier calls',
+# kept in $ASSETS/results/) are combined into $OUT/$STEM.json (accuracy.py --combine-retrieval):
+#   STEM=accuracy_smollm2_gpu_retrieval bash benchmarks/gpu_accuracy.sh jobs \
+#       8192:bf16,uniform4 8192:hyquant_k4v4 4096:bf16,hyquant_k4v4,uniform4:50
+# Compilation is single-process work on the CPU side; the box has 16 cores for the processes to share.
+#
 # Environment: ASSETS, OUT (required for run), SITE, PYTHON (python3), LIMIT_S, STEM (output name,
 # default accuracy_smollm2_gpu), XLA_FLAGS (default --xla_gpu_autotune_level=0). Local check of the logic:
 #   ASSETS=/tmp/a OUT=/tmp/o SITE=/tmp/s PYTHON=.venv/bin/python bash benchmarks/gpu_accuracy.sh stage
@@ -107,6 +114,21 @@ prepare() {  # on the development machine: build .gpu_assets/ from the installed
     du -sh "$CARRY"/part_a "$CARRY"/part_b
 }
 
+setup() {  # the GGUF joined and checked, gguf installed, the environment of an accuracy.py run
+    assemble
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+        "$ASSETS"/wheels/*.whl
+    export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TQDM_MININTERVAL=15
+    export JAX_COMPILATION_CACHE_DIR="$ASSETS/jax_cache"
+    # Accuracy does not need the fastest GEMM of each shape; autotuning every distinct dot shape of the
+    # reference paths is the suspected bulk of a 480 s compile seen at 8K (not measured separately).
+    export XLA_FLAGS="${XLA_FLAGS:---xla_gpu_autotune_level=0}"
+}
+
+# accuracy.py with the staged model and data (an array, so that `timeout` can run it)
+ACCURACY=("$PYTHON" benchmarks/accuracy.py --spec --dtype float32 --model "$ASSETS/$MODEL"
+          --wikitext "$ASSETS/data/wikitext-2-raw/wiki.test.raw" --essays "$ASSETS/data/paul_graham_essays")
+
 case "${1:-}" in
 prepare)
     prepare
@@ -136,18 +158,9 @@ run)
         shift
         cp "$ASSETS/results/$STEM"* "$OUT/" 2>/dev/null || true  # what earlier calls ran, for --merge
     fi
-    assemble
-    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-        "$ASSETS"/wheels/*.whl
-    export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TQDM_MININTERVAL=15
-    export JAX_COMPILATION_CACHE_DIR="$ASSETS/jax_cache"
-    # Accuracy does not need the fastest GEMM of each shape; autotuning every distinct dot shape of the
-    # reference paths is the suspected bulk of a 480 s compile seen at 8K (not measured separately).
-    export XLA_FLAGS="${XLA_FLAGS:---xla_gpu_autotune_level=0}"
+    setup
     set +e
-    timeout -s TERM "$((LIMIT_S - SECONDS))" "$PYTHON" benchmarks/accuracy.py --spec --dtype float32 --merge \
-        --model "$ASSETS/$MODEL" --wikitext "$ASSETS/data/wikitext-2-raw/wiki.test.raw" \
-        --essays "$ASSETS/data/paul_graham_essays" --out "$OUT/$STEM.json" "${sections[@]}" "$@" \
+    timeout -s TERM "$((LIMIT_S - SECONDS))" "${ACCURACY[@]}" --merge --out "$OUT/$STEM.json" "${sections[@]}" "$@" \
         2>&1 | tee "$OUT/$STEM.log"
     rc=${PIPESTATUS[0]}
     set -e
@@ -158,8 +171,39 @@ run)
     echo "accuracy.py exit status $rc; in $OUT: $(ls "$OUT" | tr '\n' ' ')"
     exit "$rc"
     ;;
+jobs)
+    shift
+    : "${OUT:?OUT must name the output folder}"
+    mkdir -p "$OUT" "$ASSETS/results"
+    copy_carried
+    specs=()
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do specs+=("$1"); shift; done
+    [ "${1:-}" = -- ] && shift
+    [ ${#specs[@]} -gt 0 ] || { echo "jobs: give at least one LENGTH:METHODS[:BATCH]" >&2; exit 2; }
+    setup
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_LOG_COMPILES=1  # processes share the GPU; log compile times
+    pids=()
+    for spec in "${specs[@]}"; do
+        IFS=: read -r length methods batch <<< "$spec"
+        name="${STEM}_${length}_${methods//,/-}"
+        timeout -s TERM "$((LIMIT_S - SECONDS))" "${ACCURACY[@]}" --sections retrieval --retrieval-lengths "$length" \
+            --retrieval-methods "$methods" --retrieval-batch "${batch:-25}" --out "$OUT/$name.json" "$@" \
+            > "$OUT/$name.log" 2>&1 &
+        pids+=($!)
+        echo "job $name: pid $!"
+    done
+    status=0
+    for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
+    for f in "$OUT/${STEM}"_*.json "$OUT/${STEM}"_*.log; do [ -f "$f" ] && cp "$f" "$ASSETS/results/"; done
+    rm -f "$OUT/${STEM}"_*.png
+    parts=("$ASSETS/results/${STEM}"_*.json)  # this call's jobs and those of earlier calls while warm
+    if [ -f "${parts[0]}" ]; then
+        "${ACCURACY[@]}" --combine-retrieval "${parts[@]}" --out "$OUT/$STEM.json" 2>&1 | tee "$OUT/$STEM.log"
+    fi
+    echo "jobs exit status $status (124: stopped at the time limit; partial results kept); in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+    ;;
 *)
-    echo "usage: $0 prepare | stage | run [SECTIONS | remaining] [accuracy.py args...]   (see the top of this file)" >&2
+    echo "usage: $0 prepare | stage | run [SECTIONS | remaining] [accuracy.py args...] | jobs LENGTH:METHODS[:BATCH]... [-- accuracy.py args...]   (see the top of this file)" >&2
     exit 2
     ;;
 esac

@@ -98,3 +98,113 @@ def test_hyquant_eval_accuracy_is_listed(capsys):
     assert "accuracy" in capsys.readouterr().out
     assert cli.main(["bench"]) == 0
     assert "accuracy" not in capsys.readouterr().out
+
+
+def _hits(methods, lengths, depths=(0.0, 1.0), samples=2, tasks_=("needle", "multikey"), seed=3):
+    """Deterministic pseudo-random per-sample hits [task, length, depth, index, correct, partial]."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    out = {}
+    for m in methods:
+        rows = []
+        for n in lengths:
+            for i in range(samples):
+                for t in tasks_:
+                    for d in depths:
+                        partial = float(rng.integers(0, 5)) / 4
+                        rows.append([t, n, d, i, partial == 1.0, partial])
+        out[m] = rows
+    return out
+
+
+def test_score_hits_matches_a_direct_count():
+    from benchmarks import accuracy as bench
+
+    hits = _hits(["bf16"], [512, 1024])["bf16"]
+    scored = bench.score_hits(hits, [512, 1024], [0.0, 1.0], ["needle", "multikey"])
+    assert scored["samples"] == len(hits) == 16
+    assert scored["overall"] == pytest.approx(sum(h[4] for h in hits) / 16)
+    cell = [h[4] for h in hits if h[:3] == ["multikey", 1024, 1.0]]
+    assert len(cell) == 2 and scored["multikey"]["grid"]["1024"]["1.0"] == pytest.approx(sum(cell) / 2)
+    needle = [h for h in hits if h[0] == "needle"]
+    assert scored["needle"]["partial"] == pytest.approx(sum(h[5] for h in needle) / len(needle))
+    assert bench.score_hits([], [512], [0.0], ["needle"])["overall"] is None
+
+
+def test_combine_retrieval_equals_one_run_and_refuses_conflicts():
+    """Sections split by method and by length, combined, score exactly as the whole."""
+    from benchmarks import accuracy as bench
+
+    depths, tasks_ = [0.0, 1.0], ["needle", "multikey"]
+    whole = _hits(["bf16", "hyquant_k4v4", "uniform4"], [512, 1024])
+    full = bench.retrieval_result(whole, [512, 1024], depths, tasks_, 2, seed=0)
+
+    def part(methods, n):
+        hits = {m: [h for h in whole[m] if h[1] == n] for m in methods}
+        return bench.retrieval_result(hits, [n], depths, tasks_, 2, seed=0, complete=n == 512)
+
+    parts = [part(["bf16", "uniform4"], 512), part(["hyquant_k4v4"], 512), part(["bf16", "hyquant_k4v4"], 1024),
+             part(["uniform4"], 1024), part(["uniform4"], 1024)]  # a duplicate with equal scores is fine
+    combined = bench.combine_retrieval(parts)
+    assert combined["methods"] == full["methods"] and combined["lengths"] == [512, 1024]
+    assert list(combined["methods"]) == ["bf16", "hyquant_k4v4", "uniform4"]
+    assert combined["samples_per_cell"] == [2, 2] and combined["complete"] is False
+    bad = part(["uniform4"], 1024)
+    bad["hits"]["uniform4"][0] = bad["hits"]["uniform4"][0][:4] + [not bad["hits"]["uniform4"][0][4], 0.5]
+    with pytest.raises(ValueError, match="scored sample"):
+        bench.combine_retrieval(parts + [bad])
+    with pytest.raises(ValueError, match="differ in seed"):
+        bench.combine_retrieval([parts[0], bench.retrieval_result(whole, [512], depths, tasks_, 2, seed=1)])
+    old = dict(parts[0])
+    del old["hits"]
+    with pytest.raises(ValueError, match="hits"):
+        bench.combine_retrieval([old])
+
+
+def test_partial_retrieval_counts_samples_per_cell():
+    """A run stopped early reports the fewest and most samples any cell got, and says it is partial."""
+    from benchmarks import accuracy as bench
+
+    hits = _hits(["bf16"], [512], samples=3)
+    hits["bf16"] = hits["bf16"][:-3]  # the last sample index is missing three of its four cells
+    r = bench.retrieval_result(hits, [512], [0.0, 1.0], ["needle", "multikey"], 3, seed=0, complete=False)
+    assert r["samples_per_cell"] == [2, 3] and r["samples_done"] == {"bf16": 9}
+    text = "\n".join(bench._md_retrieval(r))
+    assert "2-3 sample(s)" in text and "stopped early" in text
+
+
+def test_combine_files_writes_a_result(tmp_path):
+    import json
+
+    from benchmarks import accuracy as bench
+
+    depths, tasks_ = [0.0, 1.0], ["needle", "multikey"]
+    whole = _hits(["bf16", "hyquant_k4v4"], [512])
+    paths = []
+    for m in whole:
+        sec = bench.retrieval_result({m: whole[m]}, [512], depths, tasks_, 2, seed=0)
+        sec["elapsed_s"] = 10.0 + len(paths)
+        path = tmp_path / f"{m}.json"
+        path.write_text(json.dumps({"env": {"command": f"run {m}", "device": "cpu", "date": "2026-11-30",
+                                            "platform": "cpu"},
+                                    "model": {"name": "m"}, "data": {}, "sizes": {"retrieval_depths": depths},
+                                    "retrieval": sec}))
+        paths.append(path)
+    out = tmp_path / "combined.json"
+    assert bench.main(["--combine-retrieval", *map(str, paths), "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["wall_s"] == 11.0 and len(result["combined_from"]) == 2
+    assert "retrieval_within_2_points" in result["targets"]
+    assert "`run bf16`" in result["summary_markdown"] and "0 stopped early" in result["summary_markdown"] and (tmp_path / "combined_needle.png").is_file()
+    assert bench.main(["--combine-retrieval", str(tmp_path / "missing.json"), "--out", str(out)]) == 2
+
+
+def test_retrieval_target_pairs_the_samples_both_methods_ran():
+    from benchmarks import accuracy as bench
+
+    hits = {"bf16": [["needle", 512, 0.0, i, i < 2, float(i < 2)] for i in range(4)],
+            "hyquant_k4v4": [["needle", 512, 0.0, i, True, 1.0] for i in range(2)]}  # stopped after 2 samples
+    sec = bench.retrieval_result(hits, [512], [0.0], ["needle"], 4, seed=0, complete=False)
+    target = bench.targets({"retrieval": sec})["retrieval_within_2_points"]
+    assert target["samples"] == 2 and target["value"] == 0.0 and target["met"]  # unpaired it would be +50 points

@@ -286,6 +286,11 @@ def test_retrieval_batches_do_not_change_outputs():
                for i, n in enumerate([48, 31, 40, 17, 48])]
     methods = ("bf16", "uniform4")
     one = generate_batches(params, CONFIG, Tok(), samples, methods, jnp.bfloat16, batch=1, desc="b1")
-    four = generate_batches(params, CONFIG, Tok(), samples, methods, jnp.bfloat16, batch=4, desc="b4")
+    seen = []
+    four = generate_batches(params, CONFIG, Tok(), samples, methods, jnp.bfloat16, batch=4, desc="b4",
+                            on_batch=lambda out: seen.append({m: list(rows) for m, rows in out.items()}))
     assert one == four
+    # after each batch: the samples done so far, in the given order, None for the rest
+    assert len(seen) == 2 and seen[-1] == four
+    assert all(seen[0][m][:4] == four[m][:4] and seen[0][m][4] is None for m in methods)
     assert all(len(ids) == 5 for rows in one.values() for ids in rows)
