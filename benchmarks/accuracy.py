@@ -181,6 +181,12 @@ def parse_args(argv=None):
     p.add_argument("--retrieval-batch", type=int, default=None,
                    help="prompts per retrieval batch (default: one per depth); larger batches cut the number of "
                         "steps on a GPU and do not change any output")
+    p.add_argument("--retrieval-first-index", type=int, default=0,
+                   help="run only the retrieval samples with this index or higher (to finish a run that stopped "
+                        "early in another process; --combine-retrieval joins them)")
+    p.add_argument("--prefill-chunk", type=int, default=512,
+                   help="query rows per causal chunk of the retrieval prefills: fewer chunks compile faster on a "
+                        "GPU and need more memory; results differ only by float summation order")
     p.add_argument("--merge", action="store_true",
                    help="keep the sections of an existing --out file that this run does not redo")
     p.add_argument("--summary-only", type=Path, default=None, metavar="JSON",
@@ -197,6 +203,10 @@ def parse_args(argv=None):
     bad = [s for s in args.sections if s not in SECTIONS]
     if bad:
         p.error(f"--sections: unknown {bad}; choose from {SECTIONS}")
+    if args.retrieval_first_index < 0:
+        p.error(f"--retrieval-first-index must be >= 0, got {args.retrieval_first_index}")
+    if args.prefill_chunk < 1:
+        p.error(f"--prefill-chunk must be >= 1, got {args.prefill_chunk}")
     if args.retrieval_batch is not None and args.retrieval_batch < 1:
         p.error(f"--retrieval-batch must be >= 1, got {args.retrieval_batch}")
     return args
@@ -564,14 +574,19 @@ def prefill_error_section(captures: Captures, sizes: Sizes, model_cfg) -> dict:
 # --------------------------------------------------------------------------- shared prefill + decode
 
 
-def flavor_groups(names, cache_dtype) -> dict:
-    """{SharedPrefill flavor: [(name, attention), ...]} so each prefill runs once per group."""
+def flavor_groups(names, cache_dtype, query_chunk: int = 512) -> dict:
+    """{SharedPrefill flavor: [(name, attention), ...]} so each prefill runs once per group.
+
+    query_chunk: query rows per causal chunk of the prefill (only memory, compile
+    time and float summation order depend on it).
+    """
     from hyquant_jax.evaluation import prefill_flavor
 
     groups: dict = {}
     for name in names:
         att = make_method(name, cache_dtype)
-        flavor = prefill_flavor(att, cache_dtype, exact=name == EXACT_PREFILL)
+        flavor = dataclasses.replace(prefill_flavor(att, cache_dtype, exact=name == EXACT_PREFILL),
+                                     query_chunk=query_chunk)
         groups.setdefault(flavor, []).append((name, att))
     return groups
 
@@ -629,31 +644,37 @@ def retrieval_tasks_at(sizes: Sizes, length: int) -> tuple[str, ...]:
     return sizes.retrieval_tasks
 
 
-def retrieval_samples(sizes: Sizes, haystack, tokenizer, seed: int) -> list:
+def retrieval_samples(sizes: Sizes, haystack, tokenizer, seed: int, first_index: int = 0) -> list:
     """Every retrieval prompt of these sizes, interleaved so that each batch spans the tasks and depths.
 
     Order: by length, then sample index, then task and depth. A run stopped early
     (see retrieval_section's checkpoint) has then done about the same number of
-    samples in every cell of a length.
+    samples in every cell of a length. first_index: skip the samples with a lower
+    index (to finish a stopped run in another process; `combine_retrieval`
+    joins the two).
     """
     from benchmarks._accuracy_tasks import make_sample
 
     return [make_sample(task, length, depth, i, haystack, tokenizer, seed)
-            for length in sizes.retrieval_lengths for i in range(sizes.retrieval_samples)
+            for length in sizes.retrieval_lengths for i in range(first_index, sizes.retrieval_samples)
             for task in retrieval_tasks_at(sizes, length) for depth in sizes.retrieval_depths]
 
 
 def retrieval_section(params, model_cfg, tokenizer, haystack, sizes: Sizes, cache_dtype, seed: int,
-                      batch: int | None = None, checkpoint=None) -> dict:
+                      batch: int | None = None, checkpoint=None, first_index: int = 0,
+                      query_chunk: int = 512) -> dict:
     """Greedy retrieval of every method on every sample, scored (RULER string match).
 
     checkpoint: optional callable taking the partial section (complete False)
     after every batch, so that a run stopped early keeps what it finished.
+    first_index, query_chunk: see `retrieval_samples`, `flavor_groups`.
     """
     from benchmarks._accuracy_tasks import score
 
+    if not 0 <= first_index < sizes.retrieval_samples:
+        raise ValueError(f"--retrieval-first-index must lie in [0, {sizes.retrieval_samples}), got {first_index}")
     t0 = time.perf_counter()
-    samples = retrieval_samples(sizes, haystack, tokenizer, seed)
+    samples = retrieval_samples(sizes, haystack, tokenizer, seed, first_index)
 
     def section(outputs: dict, complete: bool) -> dict:
         texts = {name: [None if ids is None else tokenizer.decode(ids) for ids in rows]
@@ -671,12 +692,13 @@ def retrieval_section(params, model_cfg, tokenizer, haystack, sizes: Sizes, cach
         out = retrieval_result(hits, sizes.retrieval_lengths, sizes.retrieval_depths, sizes.retrieval_tasks,
                                sizes.retrieval_samples, seed, prompt_tokens=prompt_tokens, examples=examples,
                                complete=complete)
-        out["elapsed_s"] = time.perf_counter() - t0
+        out.update(elapsed_s=time.perf_counter() - t0, first_index=first_index, prefill_query_chunk=query_chunk)
         return out
 
     on_batch = None if checkpoint is None else (lambda outputs: checkpoint(section(outputs, complete=False)))
     ids = generate_batches(params, model_cfg, tokenizer, samples, sizes.retrieval_methods, cache_dtype,
-                           batch=batch or len(sizes.retrieval_depths), desc="retrieval", on_batch=on_batch)
+                           batch=batch or len(sizes.retrieval_depths), desc="retrieval", on_batch=on_batch,
+                           query_chunk=query_chunk)
     return section(ids, complete=True)
 
 
@@ -723,8 +745,11 @@ def score_hits(hits: list, lengths, depths, tasks) -> dict:
 def combine_retrieval(sections: list[dict]) -> dict:
     """One retrieval section from several (e.g. one per GPU process), re-scored from their per-sample hits.
 
-    The sections must share depths and seed; a sample (task, length, depth,
-    index) that two sections both ran must have the same score in both.
+    The sections must share depths and seed. A sample (task, length, depth,
+    index) that two sections both ran counts once, with the score of the first;
+    where the scores differ (possible when the runs used different prefill
+    chunkings: float summation order can flip a greedy token) the section
+    lists both under "differing_duplicates".
     """
     if not sections:
         raise ValueError("combine_retrieval: no sections given")
@@ -735,27 +760,33 @@ def combine_retrieval(sections: list[dict]) -> dict:
     if any("hits" not in sec for sec in sections):
         raise ValueError("combine_retrieval: a section has no per-sample 'hits' (written before they were kept)")
     merged: dict = {}
+    differing, same = [], 0
     for sec in sections:
         for name, rows in sec["hits"].items():
             table = merged.setdefault(name, {})
             for h in rows:
                 key = tuple(h[:4])
-                if key in table and table[key] != h:
-                    raise ValueError(f"combine_retrieval: {name} scored sample {key} differently: {table[key]} vs {h}")
-                table[key] = h
+                if key not in table:
+                    table[key] = h
+                elif table[key] == h:
+                    same += 1
+                else:
+                    differing.append({"method": name, "kept": table[key], "other": h})
     order = [m for m in KNOWN_METHODS if m in merged] + [m for m in merged if m not in KNOWN_METHODS]
     hits = {name: sorted(merged[name].values(), key=lambda h: (h[1], h[3], h[0], h[2])) for name in order}
     tasks = [t for t in ("needle", "multikey", "vartrack") if any(t in sec["tasks"] for sec in sections)]
     lengths = {n for sec in sections for n in sec["lengths"]}
     prompt_tokens = {n: span for sec in sections for n, span in sec.get("prompt_tokens", {}).items()}
     examples = {name: ex for sec in sections for name, ex in sec.get("examples", {}).items()}
-    return retrieval_result(hits, lengths, sections[0]["depths"], tasks, max(sec["samples"] for sec in sections),
-                            sections[0]["seed"], prompt_tokens, examples,
-                            complete=all(sec.get("complete", True) for sec in sections))
+    out = retrieval_result(hits, lengths, sections[0]["depths"], tasks, max(sec["samples"] for sec in sections),
+                           sections[0]["seed"], prompt_tokens, examples,
+                           complete=all(sec.get("complete", True) for sec in sections))
+    out.update(equal_duplicates=same, differing_duplicates=differing)
+    return out
 
 
 def generate_batches(params, model_cfg, tokenizer, samples, methods, cache_dtype, batch: int, desc: str,
-                     on_batch=None) -> dict:
+                     on_batch=None, query_chunk: int = 512) -> dict:
     """Greedy token ids of every sample for every method: {method: [list of ids per sample]}.
 
     Samples of one prompt length run in batches of `batch` in their given order
@@ -774,7 +805,7 @@ def generate_batches(params, model_cfg, tokenizer, samples, methods, cache_dtype
     from hyquant_jax.sampling import SamplingConfig
 
     outputs = {m: [None] * len(samples) for m in methods}
-    groups = flavor_groups(methods, cache_dtype)
+    groups = flavor_groups(methods, cache_dtype, query_chunk)
     eos = tuple(tokenizer.eos_ids or model_cfg.eos_token_ids)
     pad = tokenizer.pad_id or 0
     order = sorted(range(len(samples)), key=lambda j: samples[j].length)  # stable: keeps the given order
@@ -1193,7 +1224,8 @@ def run(args, sizes: Sizes) -> dict:
             _write(args.out, result)
 
         section("retrieval", lambda: retrieval_section(params, model_cfg, tokenizer, haystack, sizes, cache_dtype,
-                                                       args.seed, args.retrieval_batch, checkpoint))
+                                                       args.seed, args.retrieval_batch, checkpoint,
+                                                       args.retrieval_first_index, args.prefill_chunk))
     if "greedy" in args.sections:
         section("greedy", lambda: greedy_section(params, model_cfg, tokenizer, haystack, sizes, cache_dtype))
     result["wall_s"] = time.perf_counter() - t_start + sum(

@@ -36,7 +36,8 @@
 # (compilation, not the prompts, dominates: 480 s for the first 8K batch of 4 methods, then 2.7 s per batch
 # of 5 prompts, on 2026-11-29).
 #
-# Or run retrieval as parallel processes (one per LENGTH:METHODS[:BATCH], default batch 25), each writing its
+# Or run retrieval as parallel processes (one per LENGTH:METHODS[:BATCH[:FIRST]], default batch 25; FIRST: the
+# first sample index, to finish a run stopped early or split one over processes), each writing its
 # partial result after every batch, all stopped at $LIMIT_S; their files (this call's and earlier calls',
 # kept in $ASSETS/results/) are combined into $OUT/$STEM.json (accuracy.py --combine-retrieval):
 #   STEM=accuracy_smollm2_gpu_retrieval bash benchmarks/gpu_accuracy.sh jobs \
@@ -179,16 +180,16 @@ jobs)
     specs=()
     while [ $# -gt 0 ] && [ "$1" != -- ]; do specs+=("$1"); shift; done
     [ "${1:-}" = -- ] && shift
-    [ ${#specs[@]} -gt 0 ] || { echo "jobs: give at least one LENGTH:METHODS[:BATCH]" >&2; exit 2; }
+    [ ${#specs[@]} -gt 0 ] || { echo "jobs: give at least one LENGTH:METHODS[:BATCH[:FIRST]]" >&2; exit 2; }
     setup
     export XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_LOG_COMPILES=1  # processes share the GPU; log compile times
     pids=()
     for spec in "${specs[@]}"; do
-        IFS=: read -r length methods batch <<< "$spec"
-        name="${STEM}_${length}_${methods//,/-}"
+        IFS=: read -r length methods batch first <<< "$spec"
+        name="${STEM}_${length}_${methods//,/-}${first:+_from$first}"
         timeout -s TERM "$((LIMIT_S - SECONDS))" "${ACCURACY[@]}" --sections retrieval --retrieval-lengths "$length" \
-            --retrieval-methods "$methods" --retrieval-batch "${batch:-25}" --out "$OUT/$name.json" "$@" \
-            > "$OUT/$name.log" 2>&1 &
+            --retrieval-methods "$methods" --retrieval-batch "${batch:-25}" --retrieval-first-index "${first:-0}" \
+            --out "$OUT/$name.json" "$@" > "$OUT/$name.log" 2>&1 &
         pids+=($!)
         echo "job $name: pid $!"
     done
@@ -203,7 +204,7 @@ jobs)
     echo "jobs exit status $status (124: stopped at the time limit; partial results kept); in $OUT: $(ls "$OUT" | tr '\n' ' ')"
     ;;
 *)
-    echo "usage: $0 prepare | stage | run [SECTIONS | remaining] [accuracy.py args...] | jobs LENGTH:METHODS[:BATCH]... [-- accuracy.py args...]   (see the top of this file)" >&2
+    echo "usage: $0 prepare | stage | run [SECTIONS | remaining] [accuracy.py args...] | jobs LENGTH:METHODS[:BATCH[:FIRST]]... [-- accuracy.py args...]   (see the top of this file)" >&2
     exit 2
     ;;
 esac

@@ -132,7 +132,7 @@ def test_score_hits_matches_a_direct_count():
     assert bench.score_hits([], [512], [0.0], ["needle"])["overall"] is None
 
 
-def test_combine_retrieval_equals_one_run_and_refuses_conflicts():
+def test_combine_retrieval_equals_one_run_and_lists_conflicts():
     """Sections split by method and by length, combined, score exactly as the whole."""
     from benchmarks import accuracy as bench
 
@@ -150,10 +150,14 @@ def test_combine_retrieval_equals_one_run_and_refuses_conflicts():
     assert combined["methods"] == full["methods"] and combined["lengths"] == [512, 1024]
     assert list(combined["methods"]) == ["bf16", "hyquant_k4v4", "uniform4"]
     assert combined["samples_per_cell"] == [2, 2] and combined["complete"] is False
+    assert combined["equal_duplicates"] == 8 and combined["differing_duplicates"] == []
     bad = part(["uniform4"], 1024)
-    bad["hits"]["uniform4"][0] = bad["hits"]["uniform4"][0][:4] + [not bad["hits"]["uniform4"][0][4], 0.5]
-    with pytest.raises(ValueError, match="scored sample"):
-        bench.combine_retrieval(parts + [bad])
+    first = bad["hits"]["uniform4"][0]
+    bad["hits"]["uniform4"][0] = first[:4] + [not first[4], 0.5]
+    again = bench.combine_retrieval(parts + [bad])
+    assert again["methods"] == full["methods"]  # the first score is kept, the other listed
+    assert again["differing_duplicates"] == [{"method": "uniform4", "kept": first,
+                                              "other": first[:4] + [not first[4], 0.5]}]
     with pytest.raises(ValueError, match="differ in seed"):
         bench.combine_retrieval([parts[0], bench.retrieval_result(whole, [512], depths, tasks_, 2, seed=1)])
     old = dict(parts[0])
@@ -208,3 +212,19 @@ def test_retrieval_target_pairs_the_samples_both_methods_ran():
     sec = bench.retrieval_result(hits, [512], [0.0], ["needle"], 4, seed=0, complete=False)
     target = bench.targets({"retrieval": sec})["retrieval_within_2_points"]
     assert target["samples"] == 2 and target["value"] == 0.0 and target["met"]  # unpaired it would be +50 points
+
+
+def test_retrieval_samples_interleave_cells_and_start_at_first_index(haystack):
+    import dataclasses
+
+    from benchmarks import accuracy as bench
+
+    sizes = dataclasses.replace(bench.QUICK, retrieval_lengths=(600,), retrieval_samples=3,
+                                retrieval_tasks=("needle", "vartrack"), retrieval_depths=(0.0, 1.0))
+    every = bench.retrieval_samples(sizes, haystack, CharTokenizer(), seed=0)
+    assert [(s.index, s.task, s.depth) for s in every[:4]] == [(0, "needle", 0.0), (0, "needle", 1.0),
+                                                                (0, "vartrack", 0.0), (0, "vartrack", 1.0)]
+    later = bench.retrieval_samples(sizes, haystack, CharTokenizer(), seed=0, first_index=2)
+    assert [s.prompt for s in later] == [s.prompt for s in every[8:]] and {s.index for s in later} == {2}
+    with pytest.raises(ValueError, match="retrieval-first-index"):
+        bench.retrieval_section(None, None, CharTokenizer(), haystack, sizes, None, 0, first_index=3)
