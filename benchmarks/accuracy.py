@@ -781,7 +781,8 @@ def combine_retrieval(sections: list[dict]) -> dict:
     out = retrieval_result(hits, lengths, sections[0]["depths"], tasks, max(sec["samples"] for sec in sections),
                            sections[0]["seed"], prompt_tokens, examples,
                            complete=all(sec.get("complete", True) for sec in sections))
-    out.update(equal_duplicates=same, differing_duplicates=differing)
+    lo, _ = out["samples_per_cell"]
+    out.update(equal_duplicates=same, differing_duplicates=differing, complete=lo >= out["samples"])
     return out
 
 
@@ -915,9 +916,10 @@ def summary_markdown(result: dict) -> str:
         runs = (f"`{merged['env']['command']}` ({', '.join(merged['sections'])}) and {runs} "
                 f"({', '.join(s for s in result['sections'] if s not in merged['sections'])})")
     hardware = "2 CPU cores" if env.get("platform", "cpu") == "cpu" else f"one {env.get('device', 'GPU')}"
+    wall = "longest run" if combined else "wall time"
     lines = ["### Accuracy on SmolLM2-135M-Instruct (`benchmarks/accuracy.py`, issue 6)", "",
              f"{env.get('device', '?')}, jax {env.get('jax', '?')}, {env.get('date', '?')[:10]}, {runs}, "
-             f"wall time {result.get('wall_s', 0) / 60:.0f} min on {hardware}; file "
+             f"{wall} {result.get('wall_s', 0) / 60:.0f} min on {hardware}; file "
              f"`{result.get('out', 'benchmarks/results/accuracy_smollm2.json')}`. All methods run through the same "
              "model code on the jnp reference path with a bf16 KV cache; HyQuant uses the default config "
              "(channel_key, rho 5%, W 128).", ""]
@@ -1124,6 +1126,9 @@ def combine_files(paths: list[Path], out: Path) -> dict:
                                 retrieval_methods=tuple(retrieval["methods"]))
     env = dict(results[0]["env"])
     env["command"] = environment()["command"]
+    folder = paths[0].parent
+    if all(p.parent == folder for p in paths) and set(paths) == set(folder.glob("*.json")):
+        env["command"] = f"benchmarks/accuracy.py --combine-retrieval {_rel(folder)}/*.json --out {_rel(out)}"
     result = {"env": env, "out": _rel(out), "quick": False, "sections": ["retrieval"], "model": results[0]["model"],
               "data": results[0]["data"], "sizes": dataclasses.asdict(sizes), "spec": dataclasses.asdict(SPEC),
               "reduced": [r for r in reductions(sizes) if section_of(r.split(":")[0]) == "retrieval"],

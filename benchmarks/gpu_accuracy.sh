@@ -30,19 +30,23 @@
 # (580), so that the sections it finished (the JSON is written after each) stay for `run remaining`.
 # ACCURACY ARGS come last and override the sizes.
 #
-# Retrieval at the specification's sizes takes several calls: run one length per call into its own file,
-#   STEM=accuracy_smollm2_gpu_retrieval_8k bash benchmarks/gpu_accuracy.sh run retrieval \
-#       --retrieval-lengths 8192 --retrieval-batch 25
-# (compilation, not the prompts, dominates: 480 s for the first 8K batch of 4 methods, then 2.7 s per batch
-# of 5 prompts, on 2026-11-29).
-#
-# Or run retrieval as parallel processes (one per LENGTH:METHODS[:BATCH[:FIRST]], default batch 25; FIRST: the
-# first sample index, to finish a run stopped early or split one over processes), each writing its
-# partial result after every batch, all stopped at $LIMIT_S; their files (this call's and earlier calls',
-# kept in $ASSETS/results/) are combined into $OUT/$STEM.json (accuracy.py --combine-retrieval):
-#   STEM=accuracy_smollm2_gpu_retrieval bash benchmarks/gpu_accuracy.sh jobs \
-#       8192:bf16,uniform4 8192:hyquant_k4v4 4096:bf16,hyquant_k4v4,uniform4:50
-# Compilation is single-process work on the CPU side; the box has 16 cores for the processes to share.
+# Retrieval at the specification's sizes: run it as parallel processes (`jobs`, one per
+# LENGTH:METHODS[:BATCH[:FIRST]], default batch 25; FIRST: the first sample index, to finish a run stopped
+# early or to split one over processes). Each writes its partial result after every batch; all are stopped at
+# $LIMIT_S; their files (this call's and earlier calls', kept in $ASSETS/results/ while the machine is warm)
+# are combined into $OUT/$STEM.json (accuracy.py --combine-retrieval). A call returns at most 8 files, so
+# pack the parts. What made benchmarks/results/accuracy_smollm2_gpu_retrieval.json (2026-11-30; after a
+# `stage` call each; `accuracy.py --combine-retrieval` of both calls' parts, run here, made the final file):
+#   LIMIT_S=545 STEM=accuracy_smollm2_gpu_retrieval bash benchmarks/gpu_accuracy.sh jobs \
+#       8192:bf16,uniform4:10 8192:hyquant_k4v4:10 8192:uniform8,kivi4:10 8192:kivi2:10 8192:hyquant_k4v2:10 \
+#       8192:hyquant_k2v4:10 2048:bf16,uniform4,uniform8,kivi4,kivi2:50 2048:hyquant_k4v4,hyquant_k4v2,hyquant_k2v4:50
+#   (551 s; the 8K HyQuant processes spent 409 s compiling the 512-row-chunk hybrid prefill, and stopped early)
+#   LIMIT_S=540 STEM=accuracy_smollm2_gpu_retrieval bash benchmarks/gpu_accuracy.sh jobs \
+#       8192:hyquant_k4v4,hyquant_k4v2,hyquant_k2v4:15:2 8192:hyquant_k4v4,hyquant_k4v2,hyquant_k2v4:15:6 \
+#       4096:bf16,uniform4,uniform8:25 4096:kivi4,kivi2:25 4096:hyquant_k4v4,hyquant_k4v2,hyquant_k2v4:25 \
+#       4096:hyquant_k4v4,hyquant_k4v2,hyquant_k2v4:25:5 -- --prefill-chunk 1024
+#   (374 s; the 8K hybrid prefill compiled in 79 s with 1024-row chunks)
+# Compilation runs on the CPU side; the box has 16 cores for the processes to share.
 #
 # Environment: ASSETS, OUT (required for run), SITE, PYTHON (python3), LIMIT_S, STEM (output name,
 # default accuracy_smollm2_gpu), XLA_FLAGS (default --xla_gpu_autotune_level=0). Local check of the logic:

@@ -154,7 +154,8 @@ def main():
     print(generate_table(args.results), "\n")
     for name in ("accuracy_smollm2.json", "accuracy_smollm2_retrieval_needle.json",
                  "accuracy_smollm2_retrieval_multikey_vartrack.json", "accuracy_smollm2_retrieval_multikey_4k.json",
-                 "accuracy_smollm2_retrieval_vartrack_4k.json", "accuracy_smollm2_gpu.json"):
+                 "accuracy_smollm2_retrieval_vartrack_4k.json", "accuracy_smollm2_gpu.json",
+                 "accuracy_smollm2_gpu_retrieval.json"):
         d = _load(args.results, name)
         if d:
             from benchmarks.accuracy import summary_markdown
