@@ -3,6 +3,7 @@
   python benchmarks/accuracy.py [--quick | --spec] [--sections coverage,operator,perplexity,retrieval,greedy]
   hyquant eval accuracy [--quick]                       (the same script)
   python benchmarks/accuracy.py --summary-only benchmarks/results/accuracy_smollm2.json
+  python benchmarks/accuracy.py --combine-retrieval PART.json... --out ALL.json   (retrieval run in pieces)
 
 Every method runs through the same model code (`models.forward`) and the
 model-facing attention implementations, on the jnp reference path (XLA on any
@@ -717,7 +718,8 @@ def retrieval_result(hits: dict, lengths, depths, tasks, samples: int, seed: int
     counts = [sum(1 for h in rows if (h[0], h[1], h[2]) == (t, n, d))
               for rows in hits.values() for n in lengths for t in tasks_at[str(n)] for d in depths]
     return {"lengths": lengths, "depths": list(depths), "tasks": list(tasks), "samples": samples, "seed": seed,
-            "samples_per_cell": [min(counts), max(counts)] if counts else [0, 0], "tasks_at": tasks_at, "prompt_tokens": prompt_tokens or {}, "definition": RETRIEVAL_DEFINITION,
+            "samples_per_cell": [min(counts), max(counts)] if counts else [0, 0], "tasks_at": tasks_at,
+            "prompt_tokens": prompt_tokens or {}, "definition": RETRIEVAL_DEFINITION,
             "complete": complete, "samples_done": {name: len(rows) for name, rows in hits.items()},
             "methods": {name: score_hits(rows, lengths, depths, tasks) for name, rows in hits.items()},
             "hits": hits, "examples": examples or {}}
@@ -779,10 +781,10 @@ def combine_retrieval(sections: list[dict]) -> dict:
     prompt_tokens = {n: span for sec in sections for n, span in sec.get("prompt_tokens", {}).items()}
     examples = {name: ex for sec in sections for name, ex in sec.get("examples", {}).items()}
     out = retrieval_result(hits, lengths, sections[0]["depths"], tasks, max(sec["samples"] for sec in sections),
-                           sections[0]["seed"], prompt_tokens, examples,
-                           complete=all(sec.get("complete", True) for sec in sections))
-    lo, _ = out["samples_per_cell"]
-    out.update(equal_duplicates=same, differing_duplicates=differing, complete=lo >= out["samples"])
+                           sections[0]["seed"], prompt_tokens, examples)
+    # complete when every cell has all its samples, even if they come from runs that each stopped early
+    out.update(complete=out["samples_per_cell"][0] >= out["samples"], equal_duplicates=same,
+               differing_duplicates=differing)
     return out
 
 
@@ -1120,7 +1122,7 @@ def combine_files(paths: list[Path], out: Path) -> dict:
         results.append(data)
     retrieval = combine_retrieval([r["retrieval"] for r in results])
     lo = retrieval["samples_per_cell"][0]
-    sizes = dataclasses.replace(SPEC, **{f: tuple(results[0]["sizes"][f]) for f in ("retrieval_depths",)},
+    sizes = dataclasses.replace(SPEC, retrieval_depths=tuple(retrieval["depths"]),
                                 retrieval_lengths=tuple(retrieval["lengths"]), retrieval_samples=lo,
                                 retrieval_tasks=tuple(retrieval["tasks"]), retrieval_needle_only_from=0,
                                 retrieval_methods=tuple(retrieval["methods"]))
