@@ -30,8 +30,9 @@ Sections (results/accuracy_smollm2.json, PNGs next to it):
               lengths x depths; exact match (the answer string appears in the greedy output)
   greedy      share of greedy tokens identical to bf16 over long essay-summary prompts
 
-Prefills are shared: bf16 and the quantized baselines prefill exactly (one run serves all of them), the
-three HyQuant bit widths share one hybrid prefill; each method then runs its own Freeze and decode.
+Prefills are shared: bf16, the quantized baselines and hyquant_k4v4_exact_prefill prefill exactly (one run
+serves all of them), the three HyQuant bit widths share one hybrid prefill; each method then runs its own
+Freeze and decode.
 --quick runs a reduced version in a few minutes (the CI test). The full default sizes are what 2 CPU cores
 finish in about an hour; the JSON lists every reduction against the issue's specification. --spec runs
 the specification's sizes (on one H200: benchmarks/gpu_accuracy.sh, with --dtype float32 as on CPU).
@@ -583,11 +584,16 @@ def flavor_groups(names, cache_dtype, query_chunk: int = 512) -> dict:
     """
     from hyquant_jax.evaluation import prefill_flavor
 
+    methods = [(name, make_method(name, cache_dtype)) for name in names]
+    flavors = [dataclasses.replace(prefill_flavor(att, cache_dtype, exact=name == EXACT_PREFILL),
+                                   query_chunk=query_chunk) for name, att in methods]
+    # An exact prefill that also picks a VL set (EXACT_PREFILL's) serves the exact-prefill methods without
+    # one too: their decode states ignore the VL set, and the attention output is the same.
+    with_vl = next((f for f in flavors if f.flavor == "exact" and f.config is not None), None)
     groups: dict = {}
-    for name in names:
-        att = make_method(name, cache_dtype)
-        flavor = dataclasses.replace(prefill_flavor(att, cache_dtype, exact=name == EXACT_PREFILL),
-                                     query_chunk=query_chunk)
+    for (name, att), flavor in zip(methods, flavors):
+        if with_vl is not None and flavor.flavor == "exact" and flavor.config is None:
+            flavor = with_vl
         groups.setdefault(flavor, []).append((name, att))
     return groups
 

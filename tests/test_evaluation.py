@@ -290,6 +290,13 @@ def test_retrieval_batches_do_not_change_outputs():
     four = generate_batches(params, CONFIG, Tok(), samples, methods, jnp.bfloat16, batch=4, desc="b4",
                             on_batch=lambda out: seen.append({m: list(rows) for m, rows in out.items()}))
     assert one == four
+    # bf16 and uniform4 share EXACT_PREFILL's exact prefill (which also picks a VL set): same outputs
+    from benchmarks.accuracy import EXACT_PREFILL, flavor_groups
+
+    assert len(flavor_groups(methods + (EXACT_PREFILL,), jnp.bfloat16)) == 1
+    shared = generate_batches(params, CONFIG, Tok(), samples, methods + (EXACT_PREFILL,), jnp.bfloat16, batch=4,
+                              desc="shared")
+    assert {m: shared[m] for m in methods} == one
     # after each batch: the samples done so far, in the given order, None for the rest
     assert len(seen) == 2 and seen[-1] == four
     assert all(seen[0][m][:4] == four[m][:4] and seen[0][m][4] is None for m in methods)
