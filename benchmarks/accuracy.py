@@ -34,7 +34,7 @@ Prefills are shared: bf16, the quantized baselines and hyquant_k4v4_exact_prefil
 serves all of them), the three HyQuant bit widths share one hybrid prefill; each method then runs its own
 Freeze and decode.
 --quick runs a reduced version in a few minutes (the CI test). The full default sizes are what 2 CPU cores
-finish in about an hour; the JSON lists every reduction against the issue's specification. --spec runs
+finish in about 42 min; the JSON lists every reduction against the issue's specification. --spec runs
 the specification's sizes (on one H200: benchmarks/gpu_accuracy.sh, with --dtype float32 as on CPU).
 """
 
@@ -88,7 +88,7 @@ MATMUL_PRECISION = "highest"
 
 @dataclasses.dataclass(frozen=True)
 class Sizes:
-    """How much of each section to run. FULL fits ~1 h on 2 CPU cores; SPEC is what the issue asks (--spec)."""
+    """How much of each section to run. FULL takes ~42 min on 2 CPU cores; SPEC is what the issue asks (--spec)."""
 
     coverage_lengths: tuple[int, ...] = (2048, 8192)
     coverage_windows: int = 2
