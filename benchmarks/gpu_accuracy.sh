@@ -125,8 +125,8 @@ setup() {  # the GGUF joined and checked, gguf installed, the environment of an 
         "$ASSETS"/wheels/*.whl
     export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TQDM_MININTERVAL=15
     export JAX_COMPILATION_CACHE_DIR="$ASSETS/jax_cache"
-    # Accuracy does not need the fastest GEMM of each shape. Every GPU accuracy run so far had autotuning off;
-    # it was never compared with autotuning on (the compile time that mattered was the 8K hybrid prefill's).
+    # Accuracy does not need the fastest GEMM of each shape. The retrieval runs of 2026-11-30 had autotuning off,
+    # the coverage/operator/perplexity run of 2026-11-29 had it on; the two were never compared on the same work.
     export XLA_FLAGS="${XLA_FLAGS:---xla_gpu_autotune_level=0}"
 }
 
