@@ -782,7 +782,9 @@ def combine_retrieval(sections: list[dict]) -> dict:
                     differing.append({"method": name, "kept": table[key], "other": h})
     order = [m for m in KNOWN_METHODS if m in merged] + [m for m in merged if m not in KNOWN_METHODS]
     hits = {name: sorted(merged[name].values(), key=lambda h: (h[1], h[3], h[0], h[2])) for name in order}
-    tasks = [t for t in ("needle", "multikey", "vartrack") if any(t in sec["tasks"] for sec in sections)]
+    from benchmarks._accuracy_tasks import TASKS
+
+    tasks = [t for t in TASKS if any(t in sec["tasks"] for sec in sections)]
     lengths = {n for sec in sections for n in sec["lengths"]}
     prompt_tokens = {n: span for sec in sections for n, span in sec.get("prompt_tokens", {}).items()}
     examples = {name: ex for sec in sections for name, ex in sec.get("examples", {}).items()}
