@@ -198,6 +198,42 @@ def sweep(inp: Inputs, config, iters, reps, log) -> tuple[DecodeTuning, list]:
     return best, rows
 
 
+TUNING_KEYS = {"warps": "num_warps", "stages": "num_stages", "pages": "pages_per_tile", "n_low": "n_low",
+               "n_vl": "n_vl", "convert": "convert"}
+
+
+def parse_tunings(spec: str) -> list[DecodeTuning]:
+    """'warps=1,pages=1;warps=2' -> [DecodeTuning(num_warps=1, pages_per_tile=1), DecodeTuning(num_warps=2)].
+
+    An empty item is the default tuning. Keys: warps, stages, pages, n_low, n_vl, convert.
+    """
+    out = []
+    for item in spec.split(";"):
+        fields = {}
+        for kv in filter(None, (x.strip() for x in item.split(","))):
+            key, _, value = kv.partition("=")
+            if key not in TUNING_KEYS or not value:
+                raise ValueError(f"--compare-tunings: bad item {kv!r}; expected key=value with key in {sorted(TUNING_KEYS)}")
+            fields[TUNING_KEYS[key]] = value if key == "convert" else int(value)
+        out.append(DecodeTuning(sm_count=sm_count(), **fields))
+    return out
+
+
+def compare_tunings(cases, tunings, reps, log) -> list:
+    """Time every tuning on every case in one process; each row has loop_ms and the error vs the reference."""
+    out = []
+    for name, b, hq_, hkv, d, s in cases:
+        inp = make_inputs(b, hq_, hkv, d, s, CONFIG)
+        rows = []
+        for t in tunings:
+            _run_tuning(inp, CONFIG, t, loop_iters(s, b), reps, rows, log)
+            if "error" not in rows[-1]:
+                rows[-1]["rel_err_vs_reference"] = check_hybrid(inp, CONFIG, t)
+        out.append({"case": name, "rows": rows})
+        del inp
+    return out
+
+
 def split_sweep(batches, context, reps, log) -> list:
     """Low-bit splits per KV head (n_low) against batch size at one context, Qwen3-8B heads.
 
@@ -316,6 +352,9 @@ def main(argv=None):
     p.add_argument("--sweep", action="store_true", help="tune the kernel at B1 32K and B16 32K first")
     p.add_argument("--split-sweep", default="", metavar="BATCHES",
                    help="comma-separated batch sizes: time n_low = 1..32 at 32K for each (e.g. 8,16,24,32,48,64)")
+    p.add_argument("--compare-tunings", default="", metavar="SPEC",
+                   help="only time these kernel tunings on the selected cases, e.g. 'warps=1,pages=1;warps=2;' "
+                        "(keys warps, stages, pages, n_low, n_vl, convert; an empty item is the default)")
     p.add_argument("--smoke", action="store_true", help="tiny case only (CPU check of the script)")
     p.add_argument("--graph-compare", action="store_true",
                    help="re-run B1 1K/4K/32K in a subprocess with XLA command buffers (CUDA graphs) disabled")
@@ -328,6 +367,14 @@ def main(argv=None):
               "read_bandwidth_tb_s": read_bandwidth(1 << 22 if args.smoke else 1 << 30)}
     log(f"read bandwidth {result['read_bandwidth_tb_s']:.2f} TB/s")
 
+    if args.compare_tunings:
+        try:
+            tunings = parse_tunings(args.compare_tunings)
+        except ValueError as e:
+            p.error(str(e))
+        result["tuning_compare"] = compare_tunings(selected, tunings, args.reps, log)
+        write_json(os.path.join(args.out, args.name + ".json"), result)
+        return
     tunings = {}
     if args.sweep:
         result["sweep"] = {}

@@ -24,9 +24,13 @@ def main():
     p.add_argument("--context", type=int, default=32768)
     p.add_argument("--calls", type=int, default=4)
     p.add_argument("--transposed", action="store_true")
+    p.add_argument("--warps", type=int, default=None, help="DecodeTuning.num_warps (default: heuristic)")
+    p.add_argument("--stages", type=int, default=None, help="DecodeTuning.num_stages (default: heuristic)")
+    p.add_argument("--pages", type=int, default=None, help="DecodeTuning.pages_per_tile (default: heuristic)")
     args = p.parse_args()
     inp = make_inputs(args.batch, 32, 8, 128, args.context, CONFIG)
-    tuning = DecodeTuning(transposed=args.transposed)
+    tuning = DecodeTuning(transposed=args.transposed, num_warps=args.warps, num_stages=args.stages,
+                          pages_per_tile=args.pages)
     for _ in range(args.calls):
         out, _ = decode_attention(inp.q, inp.cache, CONFIG, tuning=tuning)
         jax.block_until_ready(out)

@@ -121,6 +121,18 @@ def e2e_batch_table(d) -> str:
     return "\n".join(lines)
 
 
+def e2e_prefill_table(d) -> str:
+    """Whole-prompt prefill rows (seconds, tokens/s) against bf16 at the same prompt length."""
+    rows = [r for r in d.get("prefill", []) if "seconds" in r]
+    bf16 = {r["prefix"]: r for r in rows if r["method"] == "bf16"}
+    lines = ["| method | prompt tokens | seconds | tokens/s | x bf16 |", "|---|---|---|---|---|"]
+    for r in rows:
+        base = bf16.get(r["prefix"])
+        ratio = f"{base['seconds'] / r['seconds']:.2f}x" if base else "-"
+        lines.append(f"| {r['method']} | {r['prefix']} | {r['seconds']:.3f} | {r['tokens_per_s']:.0f} | {ratio} |")
+    return "\n".join(lines)
+
+
 def generate_table(results) -> str:
     lines = ["| scheme | greedy tokens identical to bf16 | first difference at token |", "|---|---|---|"]
     for scheme in ("channel_key", "token_sym", "token_asym"):
@@ -151,6 +163,9 @@ def main():
             if d.get("batch"):
                 print(f"Batch sweep at {d['batch'][0]['prefix']} cached tokens:\n")
                 print(e2e_batch_table(d), "\n")
+            if d.get("prefill"):
+                print("Prefill (whole prompt, B=1, Freeze included for the quantized caches):\n")
+                print(e2e_prefill_table(d), "\n")
     print(generate_table(args.results), "\n")
     for name in ("accuracy_smollm2.json", "accuracy_smollm2_retrieval_needle.json",
                  "accuracy_smollm2_retrieval_multikey_vartrack.json", "accuracy_smollm2_retrieval_multikey_4k.json",
