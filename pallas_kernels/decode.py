@@ -29,8 +29,8 @@ Code -> float conversion (`_Codes`, `DecodeLayout.convert`):
   convert per code); the dots run in fp16 with 1 / unit folded into q and
   into the stored output. Symmetric codes come out centered, so no offset
   terms remain. Interpret mode computes the same values with jnp. fp16
-  operands need |q| / sqrt(D) (and |q| * key scale under channel_key) below
-  65504; convert="magic" keeps bf16's range.
+  operands need |q| / sqrt(D) (and, under channel_key, the dequantized keys)
+  below 65504; convert="magic" keeps bf16's range.
 * "magic": the bf16 with bits 0x4300 | u is exactly 128 + u (u < 128); the
   128 * sum(...) excess is removed per row with sums computed once per tile.
 * "cast": u -> bf16 by conversion.
@@ -307,7 +307,8 @@ def _low_bit_split(num_pages_ref, page_count_ref, q_ref, kc_ref, ks_ref, kz_ref,
     # Query slices (one per key part) in f32, their matmul operands (1 / unit folded in) and row sums.
     q_parts = [q_ref[b, h, :, pl.ds(dim0, width)].astype(jnp.float32) for (_, width, _, dim0, _) in key_parts]
     q_sums = [jnp.sum(x, axis=1) for x in q_parts]
-    q_dots = [(x / c.unit).astype(c.dtype) for x, c in zip(q_parts, k_codes)]
+    # Under channel keys the unit is folded into the per-channel scale instead (see logits).
+    q_dots = [(x if lay.key_mode == "channel" else x / c.unit).astype(c.dtype) for x, c in zip(q_parts, k_codes)]
 
     pages = num_pages_ref[b]
     per = _round_up(pl.cdiv(pages, lay.n_low), ppt)
@@ -331,18 +332,19 @@ def _low_bit_split(num_pages_ref, page_count_ref, q_ref, kc_ref, ks_ref, kz_ref,
             return s + o.logits(q_parts[0].astype(jnp.bfloat16), k)
         loaded = {}
         group_raw, group_qsum = {}, {}  # per scale group: sum_j q_j . (code_j - half), sum of q
-        for (col0, width, _, dim0, grp), c, qd, qf, qs in zip(key_parts, k_codes, q_dots, q_parts, q_sums):
+        for (col0, width, _, dim0, grp), c, qd, qs in zip(key_parts, k_codes, q_dots, q_sums):
             if col0 not in loaded:
                 loaded[col0] = kc_ref[b, h, pl.ds(t0, sub), pl.ds(col0, width)]
             kf = _unpack(loaded[col0], c, interpret)
-            if lay.key_mode == "channel":  # k = code * sc + zero per channel: sc folds into q, zero gives a bias
+            if lay.key_mode == "channel":
+                # k = code * sc + zero per channel of this page, dequantized in the tile (one multiply-add per
+                # element): the query stays loop-invariant, with no per-page rescaled copy of it, no bias
+                # reduction and no per-page layout conversion. kf = unit * (code - center).
                 sc = ks_ref[b, h, page, pl.ds(dim0, width)].astype(jnp.float32)
                 zc = kz_ref[b, h, page, pl.ds(dim0, width)].astype(jnp.float32)
-                qq = (qf * sc[None, :] / c.unit).astype(c.dtype)
-                bias = jnp.sum(qf * zc[None, :], axis=1)
-                if c.delta:
-                    bias = bias + c.delta * c.unit * jnp.sum(qq.astype(jnp.float32), axis=1)
-                s = s + o.logits(qq, kf) + o.per_row(bias)
+                codes = kf + jnp.asarray(c.unit * c.center, kf.dtype) if c.center else kf
+                kd = codes * (sc / c.unit).astype(kf.dtype)[None, :] + zc.astype(kf.dtype)[None, :]
+                s = s + o.logits(qd, kd)
                 continue
             raw = o.logits(qd, kf)
             if c.delta:
