@@ -3,7 +3,8 @@
 One query token per sequence attends to three key sets of one KV head:
 
 * a paged low-bit region (2/4/8-bit packed codes, or raw 16-bit), scanned in
-  tiles and dequantized in registers: the key scale multiplies the logits, the
+  tiles and dequantized in registers: per-token key scales multiply the
+  logits, per-channel (channel_key) keys are dequantized in the tile, the
   value scale is folded into the probabilities, so no dequantized copy of the
   cache is ever written;
 * a full-precision vertical-line (VL) region;
@@ -26,8 +27,9 @@ Code -> float conversion (`_Codes`, `DecodeLayout.convert`):
 * "asm" (default): inline PTX turns 4 packed bytes into fp16 values
   unit * (code - center), unit = 2**shift, with prmt + lop3 + one f16x2
   subtraction (~1.25 instructions per code instead of a shift, mask and
-  convert per code); the dots run in fp16 with 1 / unit folded into q and
-  into the stored output. Symmetric codes come out centered, so no offset
+  convert per code); the dots run in fp16 with 1 / unit folded into q (or,
+  under channel_key, into the per-channel key scale) and into the stored
+  output. Symmetric codes come out centered, so no offset
   terms remain. Interpret mode computes the same values with jnp. fp16
   operands need |q| / sqrt(D) (and, under channel_key, the dequantized keys)
   below 65504; convert="magic" keeps bf16's range.
