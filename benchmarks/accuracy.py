@@ -84,6 +84,7 @@ PREFILL_METHODS = ("hyquant", "sage_int8", "sparse_vl")
 # float32 matmuls in full float32 on every device: jax's default on GPUs is TF32 (10-bit mantissa), on CPU
 # it is float32 already, so this makes a GPU run the computation a CPU run is.
 MATMUL_PRECISION = "highest"
+PREFILL_CHUNK = 512  # query rows per causal prefill chunk: hyquant_jax.evaluation.SharedPrefill's default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,7 +187,7 @@ def parse_args(argv=None):
     p.add_argument("--retrieval-first-index", type=int, default=0,
                    help="run only the retrieval samples with this index or higher (to finish a run that stopped "
                         "early in another process; --combine-retrieval joins them)")
-    p.add_argument("--prefill-chunk", type=int, default=512,
+    p.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK,
                    help="query rows per causal chunk of the retrieval prefills: fewer chunks compile faster on a "
                         "GPU and need more memory; results differ only by float summation order")
     p.add_argument("--merge", action="store_true",
@@ -576,7 +577,7 @@ def prefill_error_section(captures: Captures, sizes: Sizes, model_cfg) -> dict:
 # --------------------------------------------------------------------------- shared prefill + decode
 
 
-def flavor_groups(names, cache_dtype, query_chunk: int = 512) -> dict:
+def flavor_groups(names, cache_dtype, query_chunk: int = PREFILL_CHUNK) -> dict:
     """{SharedPrefill flavor: [(name, attention), ...]} so each prefill runs once per group.
 
     query_chunk: query rows per causal chunk of the prefill (only memory, compile
@@ -669,7 +670,7 @@ def retrieval_samples(sizes: Sizes, haystack, tokenizer, seed: int, first_index:
 
 def retrieval_section(params, model_cfg, tokenizer, haystack, sizes: Sizes, cache_dtype, seed: int,
                       batch: int | None = None, checkpoint=None, first_index: int = 0,
-                      query_chunk: int = 512) -> dict:
+                      query_chunk: int = PREFILL_CHUNK) -> dict:
     """Greedy retrieval of every method on every sample, scored (RULER string match).
 
     checkpoint: optional callable taking the partial section (complete False)
@@ -797,7 +798,7 @@ def combine_retrieval(sections: list[dict]) -> dict:
 
 
 def generate_batches(params, model_cfg, tokenizer, samples, methods, cache_dtype, batch: int, desc: str,
-                     on_batch=None, query_chunk: int = 512) -> dict:
+                     on_batch=None, query_chunk: int = PREFILL_CHUNK) -> dict:
     """Greedy token ids of every sample for every method: {method: [list of ids per sample]}.
 
     Samples of one prompt length run in batches of `batch` in their given order
