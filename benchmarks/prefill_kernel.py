@@ -10,6 +10,10 @@ queries attend to: the regime where VL tokens matter), B=1, Hq/Hkv=32/8, D=128:
   hybrid_fp8_pvfp8    FP8 Q.K and FP8 P.V
   uniform_int8        same kernel, VL and window off: SageAttention-style INT8 Q.K everywhere
   hybrid_int8_kernel  the hybrid INT8 kernel alone (glue excluded)
+  hybrid_int8_mgpu    the same attention through the Mosaic GPU kernel (pallas_kernels/prefill_mgpu.py:
+                      warp-specialized, TMA, wgmma), 2 key steps in SMEM (glue included)
+  hybrid_int8_mgpu_s3 the same with 3 key steps in SMEM
+  hybrid_int8_mgpu_kernel  the Mosaic GPU kernel alone (2 steps, glue excluded)
   hybrid_e2e          hyquant_jax.prefill_attention(backend="pallas"): VTI + glue + kernel
   vti                 tail queries + vertical_token_identification alone
   cudnn_bf16          jax.nn.dot_product_attention(implementation="cudnn", is_causal=True)
@@ -49,6 +53,7 @@ import sys
 import time
 import traceback
 import warnings
+from functools import partial
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -62,6 +67,7 @@ from benchmarks.common import environment  # noqa: E402
 from hyquant_jax import prefill_kernel as pk  # noqa: E402
 from hyquant_jax import reference, vti  # noqa: E402
 from hyquant_jax.config import HyQuantConfig  # noqa: E402
+from pallas_kernels import prefill_mgpu as mgpu  # noqa: E402
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -206,6 +212,14 @@ def hybrid_fn(config, tuning, interpret, pv_format="bf16"):
     return fn
 
 
+def mgpu_fn(config, interpret, stages=2):
+    def fn(q, k, v, lengths, vl_idx, vl_count):
+        return pk.prefill_attention_mgpu(q, k, v, lengths, vl_idx, vl_count, config, interpret=interpret,
+                                         stages=stages)
+
+    return fn
+
+
 def uniform_fn(qk_format, tuning, interpret, pv_format="bf16"):
     bq, bk, nw, ns = tuning
 
@@ -314,7 +328,7 @@ def best_tuning(rows, method, default):
     return tuple(min(ok, key=lambda r: r["loop_ms"])["tuning"]) if ok else default
 
 
-def run_length(t, tuning, mha_tuning, interpret, reps, b, hq, hkv, d, have_cudnn):
+def run_length(t, tuning, mha_tuning, interpret, reps, b, hq, hkv, d, have_cudnn, only=None):
     q, k, v = make_inputs(0, b, hq, hkv, t, d)
     lengths = jnp.full((b,), t, jnp.int32)
     vl_idx, vl_count = jax.jit(vti_fn(CONFIG))(q, k, lengths)
@@ -348,6 +362,15 @@ def run_length(t, tuning, mha_tuning, interpret, reps, b, hq, hkv, d, have_cudnn
     }
     if have_cudnn:
         methods["cudnn_bf16"] = (cudnn_fn, (qt, kt, vt), True)
+    if d in mgpu.HEAD_DIMS and (only is None or any(m.startswith("hybrid_int8_mgpu") for m in only)):
+        margs, _ = pk.prepare_kernel_call(q, k, v, lengths, vl_idx, vl_count, CONFIG, block_q=mgpu.BLOCK,
+                                          block_k=mgpu.BLOCK)
+        mkernel = partial(mgpu.hybrid_prefill_mgpu, scale=scale, interpret=interpret)
+        methods["hybrid_int8_mgpu"] = (mgpu_fn(CONFIG, interpret), hyb_args, True)
+        methods["hybrid_int8_mgpu_s3"] = (mgpu_fn(CONFIG, interpret, stages=3), hyb_args, True)
+        methods["hybrid_int8_mgpu_kernel"] = (mkernel, margs, False)
+    if only is not None:
+        methods = {name: m for name, m in methods.items() if name in only}
     exact = exact_causal(q, k, v)
     rows = {}
     for name, (fn, args, accuracy) in methods.items():
@@ -419,7 +442,8 @@ def summarize(results, lengths):
             return r.get(name, {}).get("loop_ms")
 
         row = {}
-        for name in ("hybrid_int8", "hybrid_fp8", "hybrid_int8_pvfp8", "hybrid_fp8_pvfp8", "uniform_int8"):
+        for name in ("hybrid_int8", "hybrid_fp8", "hybrid_int8_pvfp8", "hybrid_fp8_pvfp8", "uniform_int8",
+                     "hybrid_int8_mgpu", "hybrid_int8_mgpu_s3"):
             if ms(name):
                 if ms("cudnn_bf16"):
                     row[f"{name}_speedup_vs_cudnn"] = ms("cudnn_bf16") / ms(name)
@@ -430,7 +454,7 @@ def summarize(results, lengths):
         if ms("hybrid_int8_kernel") and ms("hybrid_int8"):
             row["glue_share_of_hybrid"] = 1.0 - ms("hybrid_int8_kernel") / ms("hybrid_int8")
         u = r.get("uniform_int8", {}).get("rel_mse")
-        for name in ("hybrid_int8", "hybrid_fp8", "hybrid_int8_pvfp8", "hybrid_fp8_pvfp8"):
+        for name in ("hybrid_int8", "hybrid_fp8", "hybrid_int8_pvfp8", "hybrid_fp8_pvfp8", "hybrid_int8_mgpu"):
             h = r.get(name, {}).get("rel_mse")
             if u and h:
                 row[f"mse_ratio_uniform_over_{name}"] = u / h
@@ -446,7 +470,7 @@ def plot(results, lengths, layers, path):
 
     fig, axes = plt.subplots(1, 3, figsize=(18, 5))
     names = ["hybrid_int8", "hybrid_fp8", "hybrid_int8_pvfp8", "hybrid_fp8_pvfp8", "uniform_int8", "cudnn_bf16",
-             "pallas_mha_bf16", "hybrid_e2e"]
+             "pallas_mha_bf16", "hybrid_e2e", "hybrid_int8_mgpu"]
     for name in names:
         xs = [t for t in lengths if results.get(str(t), {}).get(name, {}).get("loop_ms")]
         if xs:
@@ -455,7 +479,7 @@ def plot(results, lengths, layers, path):
                 title="Causal prefill attention, B1 Hq32 Hkv8 D128")
     axes[0].set_xticks(lengths, [f"{t // 1024}K" for t in lengths])
     axes[0].legend(fontsize=7)
-    for name in names[:5] + ["pallas_mha_bf16"]:
+    for name in names[:5] + ["pallas_mha_bf16", "hybrid_int8_mgpu"]:
         xs = [t for t in lengths if results.get(str(t), {}).get(name, {}).get("loop_ms")
               and results[str(t)].get("cudnn_bf16", {}).get("loop_ms")]
         if xs:
@@ -528,6 +552,9 @@ def main(argv=None):
     ap.add_argument("--layer-length", type=int, default=4096, help="T of the per-layer accuracy table")
     ap.add_argument("--qkv-npz", default=None, help="real per-layer q/k/v (q0, k0, v0, q1, ...) for accuracy")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode (CPU check of the script)")
+    ap.add_argument("--methods", default=None, help="comma-separated subset of the timed methods (default: all)")
+    ap.add_argument("--no-layers", action="store_true", help="skip the per-layer accuracy table")
+    ap.add_argument("--name", default=RESULT_NAME, help="JSON/PNG file name (without extension)")
     args = ap.parse_args(argv)
 
     interpret = args.smoke or jax.default_backend() != "gpu"
@@ -538,6 +565,7 @@ def main(argv=None):
     global SWEEP, MHA_SWEEP
     if args.smoke:
         SWEEP, MHA_SWEEP = SWEEP[:2], MHA_SWEEP[-1:]
+    only = None if args.methods is None else set(args.methods.split(","))
     env = environment()
     log("environment", env)
     t_start = time.perf_counter()
@@ -556,15 +584,16 @@ def main(argv=None):
     payload["results"] = {}
     for t in lengths:
         payload["results"][str(t)] = run_length(t, payload["tuning"], payload["mha_tuning"], interpret, reps, b, hq,
-                                                hkv, d, have_cudnn)
+                                                hkv, d, have_cudnn, only)
     layer_t = 256 if args.smoke else args.layer_length
-    payload["layers"] = layer_accuracy(layer_t, payload["tuning"], interpret, b, hq, hkv, d, args.qkv_npz)
+    payload["layers"] = ([] if args.no_layers else
+                         layer_accuracy(layer_t, payload["tuning"], interpret, b, hq, hkv, d, args.qkv_npz))
     payload["summary"] = summarize(payload["results"], lengths)
     payload["wall_s"] = time.perf_counter() - t_start
 
     os.makedirs(args.out, exist_ok=True)
-    json_path = os.path.join(args.out, RESULT_NAME + ".json")
-    png_path = os.path.join(args.out, RESULT_NAME + ".png")
+    json_path = os.path.join(args.out, args.name + ".json")
+    png_path = os.path.join(args.out, args.name + ".png")
     with open(json_path, "w") as f:
         json.dump(payload, f, indent=2, default=str)
     try:

@@ -31,6 +31,7 @@ from hyquant_jax import quant
 from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.reference import check_prefill_shapes
 from pallas_kernels import prefill as _kernel
+from pallas_kernels import prefill_mgpu as _mgpu
 
 LOG2E = _kernel.LOG2E
 PV_FORMATS = ("bf16", "fp8")
@@ -262,3 +263,36 @@ def uniform_prefill_attention(q, k, v, lengths, qk_format: str = "int8", interpr
     return _prefill(q, k, v, lengths, empty, jnp.zeros((b,), jnp.int32), config=config, interpret=interpret,
                     scale=scale, uniform=True, qk_format=qk_format, pv_format=pv_format, block_q=bq,
                     block_k=bk, num_warps=nw, num_stages=ns)
+
+
+@partial(jax.jit, static_argnames=("config", "interpret", "scale", "stages"))
+def _prefill_mgpu(q, k, v, lengths, vl_idx, vl_count, *, config: HyQuantConfig, interpret, scale, stages):
+    args, scale = _prepare(q, k, v, lengths, vl_idx, vl_count, config=config, scale=scale, uniform=False,
+                           qk_format="int8", pv_format="bf16", block_q=_mgpu.BLOCK, block_k=_mgpu.BLOCK)
+    out = _mgpu.hybrid_prefill_mgpu(*args, scale=scale, stages=stages, interpret=interpret)
+    return out[:, :, :q.shape[2]].astype(q.dtype)
+
+
+def prefill_attention_mgpu(q, k, v, lengths, vl_idx, vl_count, config: HyQuantConfig, interpret: bool = False,
+                           scale: float | None = None, *, stages: int = 2):
+    """`prefill_attention` through the Mosaic GPU kernel (`pallas_kernels.prefill_mgpu`, Hopper only).
+
+    Same arguments, result and reference as `prefill_attention`. Scope: INT8 Q.K
+    (`config.prefill_qk == "int8"`), bf16 P.V, head_dim 64 or 128, and
+    `config.prefill_block` a multiple of 64 (the kernel's query block is 64 rows).
+    `stages` is the number of key steps in shared memory at once.
+    """
+    _check(q, k, v, lengths)
+    problems = []
+    if config.prefill_qk != "int8":
+        problems.append(f"config.prefill_qk 'int8' (got {config.prefill_qk!r})")
+    if config.prefill_block % _mgpu.BLOCK:
+        problems.append(f"config.prefill_block a multiple of {_mgpu.BLOCK} (got {config.prefill_block})")
+    if q.shape[-1] not in _mgpu.HEAD_DIMS:
+        problems.append(f"head_dim in {_mgpu.HEAD_DIMS} (got {q.shape[-1]})")
+    if problems:
+        raise ValueError("the Mosaic GPU prefill kernel needs " + "; ".join(problems))
+    if vl_idx.ndim != 3 or vl_idx.shape[:2] != k.shape[:2] or vl_count.shape != (q.shape[0],):
+        raise ValueError(f"vl_idx must be [B, Hkv, K] and vl_count [B]; got {vl_idx.shape}, {vl_count.shape}")
+    return _prefill_mgpu(q, k, v, lengths, vl_idx.astype(jnp.int32), vl_count.astype(jnp.int32), config=config,
+                         interpret=interpret, scale=scale, stages=stages)

@@ -1,0 +1,132 @@
+"""Hybrid prefill as a Mosaic GPU kernel (pallas_kernels/prefill_mgpu.py via hyquant_jax.prefill_kernel).
+
+CPU (CI): GPU interpret mode (warp-specialized: a memory and a compute warpgroup) against the jnp
+reference on small shapes, and lowering for CUDA at real shapes. GPU (`pytest -m gpu`): the
+compiled kernel against the reference, incl. non-multiple-of-64 lengths and ragged batches.
+Inputs and tolerances as in test_prefill_kernel.py (lossy on purpose: a wrong segment shows).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hyquant_jax import prefill_kernel as pk
+from hyquant_jax import reference
+from hyquant_jax.config import HyQuantConfig
+from pallas_kernels.prefill_mgpu import hybrid_prefill_mgpu
+from tests.test_prefill_kernel import TOL, check_output, make_inputs, random_vl, rel_err, vti_vl
+
+
+def _cfg(**kw):
+    kw.setdefault("block_size", 16)
+    kw.setdefault("prefill_block", 64)
+    return HyQuantConfig(**kw)
+
+
+def _run(shape, lengths, config, vl_source, interpret, seed=0, stages=2):
+    b, hq, hkv, t, d = shape
+    q, k, v = make_inputs(seed, b, hq, hkv, t, d)
+    lengths = jnp.asarray(lengths, jnp.int32)
+    if vl_source == "vti":
+        vl_idx, vl_count = vti_vl(q, k, lengths, config)
+    else:
+        vl_idx, vl_count = random_vl(seed, b, hkv, t, lengths, config)
+    ref = reference.hybrid_prefill_attention_reference(q, k, v, lengths, vl_idx, vl_count, config)
+    out = pk.prefill_attention_mgpu(q, k, v, lengths, vl_idx, vl_count, config, interpret=interpret, stages=stages)
+    assert out.dtype == q.dtype
+    return out, ref, lengths
+
+
+# name, (B, Hq, Hkv, T, D), lengths, config, VL source, stages
+CPU_CASES = [
+    ("gqa_ragged_vti", (2, 4, 2, 200, 64), [200, 137], _cfg(window=64, rho=0.1), "vti", 2),
+    ("d128_block128_three_stages", (1, 2, 1, 300, 128), [300], _cfg(window=128, prefill_block=128, rho=0.1),
+     "random", 3),
+    ("window_192_no_vl", (1, 2, 2, 260, 64), [251], _cfg(window=192, rho=0.0), "random", 2),
+    ("empty_and_short_sequences", (3, 2, 1, 128, 64), [0, 5, 128], _cfg(window=64, rho=0.2), "random", 2),
+]
+
+
+@pytest.mark.parametrize("name,shape,lengths,config,vl_source,stages", CPU_CASES, ids=[c[0] for c in CPU_CASES])
+def test_interpret_matches_reference(name, shape, lengths, config, vl_source, stages):
+    out, ref, lengths = _run(shape, lengths, config, vl_source, interpret=True, stages=stages)
+    check_output(out, ref, lengths, TOL)
+
+
+def test_interpret_segments_are_distinguished():
+    """The kernel is far closer to the reference than to references with one segment rule changed."""
+    config = _cfg(window=128, rho=0.1)
+    out, ref, lengths = _run((1, 2, 1, 320, 64), [320], config, "vti", interpret=True, seed=1)
+    q, k, v = make_inputs(1, 1, 2, 1, 320, 64)
+    vl_idx, vl_count = vti_vl(q, k, lengths, config)
+    err = rel_err(out, ref)
+    shadows = {
+        "one VL fewer": reference.hybrid_prefill_attention_reference(
+            q, k, v, lengths, jnp.concatenate([vl_idx[..., 1:], jnp.full_like(vl_idx[..., :1], -1)], axis=-1),
+            jnp.maximum(vl_count - 1, 0), config),
+        "band one block shorter": reference.hybrid_prefill_attention_reference(
+            q, k, v, lengths, vl_idx, vl_count, dataclasses.replace(config, window=64)),
+        "uniform int8": reference.uniform_quantized_prefill_reference(q, k, v, lengths, "int8"),
+    }
+    for what, shadow in shadows.items():
+        gap = rel_err(shadow, ref)
+        assert err < 0.5 * gap, f"kernel error {err:.2e} not well below the '{what}' gap {gap:.2e}"
+
+
+def test_padding_garbage_never_leaks():
+    config = _cfg(window=64, rho=0.1)
+    q, k, v = make_inputs(0, 2, 2, 1, 150, 64)
+    lengths = jnp.asarray([150, 70], jnp.int32)
+    vl_idx, vl_count = vti_vl(q, k, lengths, config)
+    ref = reference.hybrid_prefill_attention_reference(q, k, v, lengths, vl_idx, vl_count, config)
+    pad = (jnp.arange(150)[None, :] >= lengths[:, None])[:, None, :, None]
+    q, k, v = (jnp.where(pad, jnp.asarray(bad, x.dtype), x) for x, bad in ((q, jnp.nan), (k, jnp.inf), (v, jnp.nan)))
+    out = pk.prefill_attention_mgpu(q, k, v, lengths, vl_idx, vl_count, config, interpret=True)
+    check_output(out, ref, lengths, TOL)
+
+
+@pytest.mark.parametrize("config,d,match", [
+    (_cfg(prefill_qk="fp8"), 64, "prefill_qk 'int8'"),
+    (_cfg(prefill_block=32), 64, "multiple of 64"),
+    (_cfg(), 256, "head_dim"),
+])
+def test_unsupported_config_is_a_clear_error(config, d, match):
+    q, k, v = make_inputs(0, 1, 2, 1, 64, d)
+    lengths = jnp.asarray([64], jnp.int32)
+    vl_idx, vl_count = random_vl(0, 1, 1, 64, lengths, config)
+    with pytest.raises(ValueError, match=match):
+        pk.prefill_attention_mgpu(q, k, v, lengths, vl_idx, vl_count, config, interpret=True)
+
+
+@pytest.mark.parametrize("d,stages", [(128, 2), (128, 3), (64, 2)])
+def test_lowers_for_cuda(d, stages):
+    """Qwen3-8B heads at 4K tokens (64 query blocks, 205 VL slots), lowered on CPU for the H200."""
+    b, hq, hkv, tp, kp = 1, 32, 8, 4096, 256
+    sd = jax.ShapeDtypeStruct
+    bf, i8, f32 = jnp.bfloat16, jnp.int8, jnp.float32
+    args = (sd((b, hkv, tp // 64, 4), jnp.int32), sd((b, hq, tp, d), bf), sd((b, hq, tp, d), i8),
+            sd((b, hq, tp), f32), sd((b, hq, tp), f32), sd((b, hkv, tp, d), i8), sd((b, hkv, tp), f32),
+            sd((b, hkv, tp, d), bf), sd((b, hkv, d), f32), sd((b, hkv, kp, d), bf), sd((b, hkv, kp, d), bf),
+            sd((b, hkv, tp, d), bf), sd((b, hkv, tp, d), bf))
+    fn = jax.jit(lambda *a: hybrid_prefill_mgpu(*a, scale=d ** -0.5, stages=stages))
+    assert "mosaic_gpu" in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+GPU_CASES = [
+    ("qwen3_heads_ragged", (2, 32, 8, 1000, 128), [1000, 613], _cfg(window=128, rho=0.05), "vti", 2),
+    ("qwen3_heads_4k", (1, 32, 8, 4096, 128), [4096], _cfg(window=128, rho=0.05), "vti", 2),
+    ("smollm_heads_d64", (2, 9, 3, 777, 64), [777, 300], _cfg(window=128, rho=0.1), "random", 3),
+    ("block128_window_256", (1, 8, 8, 1500, 128), [1437], _cfg(window=256, prefill_block=128, rho=0.05), "random", 2),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,shape,lengths,config,vl_source,stages", GPU_CASES, ids=[c[0] for c in GPU_CASES])
+def test_gpu_matches_reference(name, shape, lengths, config, vl_source, stages):
+    out, ref, lengths = _run(shape, lengths, config, vl_source, interpret=False, stages=stages)
+    check_output(out, ref, lengths, TOL)
