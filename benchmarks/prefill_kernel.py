@@ -11,9 +11,10 @@ queries attend to: the regime where VL tokens matter), B=1, Hq/Hkv=32/8, D=128:
   uniform_int8        same kernel, VL and window off: SageAttention-style INT8 Q.K everywhere
   hybrid_int8_kernel  the hybrid INT8 kernel alone (glue excluded)
   hybrid_int8_mgpu    the same attention through the Mosaic GPU kernel (pallas_kernels/prefill_mgpu.py:
-                      warp-specialized, TMA, wgmma), 2 key steps in SMEM (glue included)
-  hybrid_int8_mgpu_s3 the same with 3 key steps in SMEM
-  hybrid_int8_mgpu_kernel  the Mosaic GPU kernel alone (2 steps, glue excluded)
+                      warp-specialized, TMA, wgmma): one compute warpgroup of 64 rows, 64-key steps
+  hybrid_int8_mgpu_2wg      two compute warpgroups (128 rows) sharing 128-key steps
+  hybrid_int8_mgpu_2wg_kv64 two compute warpgroups, 64-key steps, 3 steps in SMEM
+  hybrid_int8_mgpu_kernel   the Mosaic GPU kernel alone, two warpgroups, 128-key steps (glue excluded)
   hybrid_e2e          hyquant_jax.prefill_attention(backend="pallas"): VTI + glue + kernel
   vti                 tail queries + vertical_token_identification alone
   cudnn_bf16          jax.nn.dot_product_attention(implementation="cudnn", is_causal=True)
@@ -212,10 +213,9 @@ def hybrid_fn(config, tuning, interpret, pv_format="bf16"):
     return fn
 
 
-def mgpu_fn(config, interpret, stages=2):
+def mgpu_fn(config, interpret, **kernel):
     def fn(q, k, v, lengths, vl_idx, vl_count):
-        return pk.prefill_attention_mgpu(q, k, v, lengths, vl_idx, vl_count, config, interpret=interpret,
-                                         stages=stages)
+        return pk.prefill_attention_mgpu(q, k, v, lengths, vl_idx, vl_count, config, interpret=interpret, **kernel)
 
     return fn
 
@@ -363,12 +363,15 @@ def run_length(t, tuning, mha_tuning, interpret, reps, b, hq, hkv, d, have_cudnn
     if have_cudnn:
         methods["cudnn_bf16"] = (cudnn_fn, (qt, kt, vt), True)
     if d in mgpu.HEAD_DIMS and (only is None or any(m.startswith("hybrid_int8_mgpu") for m in only)):
+        two = dict(compute_wgs=2, block_kv=128)
         margs, _ = pk.prepare_kernel_call(q, k, v, lengths, vl_idx, vl_count, CONFIG, block_q=mgpu.BLOCK,
-                                          block_k=mgpu.BLOCK)
-        mkernel = partial(mgpu.hybrid_prefill_mgpu, scale=scale, interpret=interpret)
+                                          block_k=128)
         methods["hybrid_int8_mgpu"] = (mgpu_fn(CONFIG, interpret), hyb_args, True)
-        methods["hybrid_int8_mgpu_s3"] = (mgpu_fn(CONFIG, interpret, stages=3), hyb_args, True)
-        methods["hybrid_int8_mgpu_kernel"] = (mkernel, margs, False)
+        methods["hybrid_int8_mgpu_2wg"] = (mgpu_fn(CONFIG, interpret, **two), hyb_args, True)
+        methods["hybrid_int8_mgpu_2wg_kv64"] = (mgpu_fn(CONFIG, interpret, compute_wgs=2, block_kv=64, stages=3),
+                                                hyb_args, True)
+        methods["hybrid_int8_mgpu_kernel"] = (partial(mgpu.hybrid_prefill_mgpu, scale=scale, interpret=interpret,
+                                                      **two), margs, False)
     if only is not None:
         methods = {name: m for name, m in methods.items() if name in only}
     exact = exact_causal(q, k, v)
@@ -443,7 +446,7 @@ def summarize(results, lengths):
 
         row = {}
         for name in ("hybrid_int8", "hybrid_fp8", "hybrid_int8_pvfp8", "hybrid_fp8_pvfp8", "uniform_int8",
-                     "hybrid_int8_mgpu", "hybrid_int8_mgpu_s3"):
+                     "hybrid_int8_mgpu", "hybrid_int8_mgpu_2wg", "hybrid_int8_mgpu_2wg_kv64"):
             if ms(name):
                 if ms("cudnn_bf16"):
                     row[f"{name}_speedup_vs_cudnn"] = ms("cudnn_bf16") / ms(name)
@@ -470,7 +473,7 @@ def plot(results, lengths, layers, path):
 
     fig, axes = plt.subplots(1, 3, figsize=(18, 5))
     names = ["hybrid_int8", "hybrid_fp8", "hybrid_int8_pvfp8", "hybrid_fp8_pvfp8", "uniform_int8", "cudnn_bf16",
-             "pallas_mha_bf16", "hybrid_e2e", "hybrid_int8_mgpu"]
+             "pallas_mha_bf16", "hybrid_e2e", "hybrid_int8_mgpu", "hybrid_int8_mgpu_2wg"]
     for name in names:
         xs = [t for t in lengths if results.get(str(t), {}).get(name, {}).get("loop_ms")]
         if xs:
@@ -479,7 +482,7 @@ def plot(results, lengths, layers, path):
                 title="Causal prefill attention, B1 Hq32 Hkv8 D128")
     axes[0].set_xticks(lengths, [f"{t // 1024}K" for t in lengths])
     axes[0].legend(fontsize=7)
-    for name in names[:5] + ["pallas_mha_bf16", "hybrid_int8_mgpu"]:
+    for name in names[:5] + ["pallas_mha_bf16", "hybrid_int8_mgpu", "hybrid_int8_mgpu_2wg"]:
         xs = [t for t in lengths if results.get(str(t), {}).get(name, {}).get("loop_ms")
               and results[str(t)].get("cudnn_bf16", {}).get("loop_ms")]
         if xs:
@@ -555,6 +558,8 @@ def main(argv=None):
     ap.add_argument("--methods", default=None, help="comma-separated subset of the timed methods (default: all)")
     ap.add_argument("--no-layers", action="store_true", help="skip the per-layer accuracy table")
     ap.add_argument("--name", default=RESULT_NAME, help="JSON/PNG file name (without extension)")
+    ap.add_argument("--tuning", default=None,
+                    help="Triton kernel block_q,block_k,num_warps,num_stages instead of the sweep's best")
     args = ap.parse_args(argv)
 
     interpret = args.smoke or jax.default_backend() != "gpu"
@@ -577,7 +582,8 @@ def main(argv=None):
     payload["correctness"] = correctness(interpret, None, small, (small[3], small[3] * 3 // 5))
     payload["sweep_length"] = 256 if args.smoke else args.sweep_length
     payload["sweep"] = [] if args.no_sweep else sweep(payload["sweep_length"], interpret, reps, b, hq, hkv, d)
-    payload["tuning"] = best_tuning(payload["sweep"], "hybrid_int8", default)
+    payload["tuning"] = (tuple(int(x) for x in args.tuning.split(",")) if args.tuning else
+                         best_tuning(payload["sweep"], "hybrid_int8", default))
     payload["mha_tuning"] = best_tuning(payload["sweep"], "pallas_mha_bf16", (128, 64, 8, 2))
     if payload["tuning"] != default:
         payload["correctness"] += correctness(interpret, payload["tuning"], small, (small[3], small[3] * 3 // 5))

@@ -265,29 +265,35 @@ def uniform_prefill_attention(q, k, v, lengths, qk_format: str = "int8", interpr
                     block_k=bk, num_warps=nw, num_stages=ns)
 
 
-@partial(jax.jit, static_argnames=("config", "interpret", "scale", "stages"))
-def _prefill_mgpu(q, k, v, lengths, vl_idx, vl_count, *, config: HyQuantConfig, interpret, scale, stages):
+@partial(jax.jit, static_argnames=("config", "interpret", "scale", "compute_wgs", "block_kv", "stages"))
+def _prefill_mgpu(q, k, v, lengths, vl_idx, vl_count, *, config: HyQuantConfig, interpret, scale, compute_wgs,
+                  block_kv, stages):
     args, scale = _prepare(q, k, v, lengths, vl_idx, vl_count, config=config, scale=scale, uniform=False,
-                           qk_format="int8", pv_format="bf16", block_q=_mgpu.BLOCK, block_k=_mgpu.BLOCK)
-    out = _mgpu.hybrid_prefill_mgpu(*args, scale=scale, stages=stages, interpret=interpret)
+                           qk_format="int8", pv_format="bf16", block_q=_mgpu.BLOCK,
+                           block_k=max(block_kv, _mgpu.BLOCK * compute_wgs))
+    out = _mgpu.hybrid_prefill_mgpu(*args, scale=scale, compute_wgs=compute_wgs, block_kv=block_kv, stages=stages,
+                                    interpret=interpret)
     return out[:, :, :q.shape[2]].astype(q.dtype)
 
 
 def prefill_attention_mgpu(q, k, v, lengths, vl_idx, vl_count, config: HyQuantConfig, interpret: bool = False,
-                           scale: float | None = None, *, stages: int = 2):
+                           scale: float | None = None, *, compute_wgs: int = 1, block_kv: int = 64,
+                           stages: int = 2):
     """`prefill_attention` through the Mosaic GPU kernel (`pallas_kernels.prefill_mgpu`, Hopper only).
 
     Same arguments, result and reference as `prefill_attention`. Scope: INT8 Q.K
-    (`config.prefill_qk == "int8"`), bf16 P.V, head_dim 64 or 128, and
-    `config.prefill_block` a multiple of 64 (the kernel's query block is 64 rows).
-    `stages` is the number of key steps in shared memory at once.
+    (`config.prefill_qk == "int8"`), bf16 P.V, head_dim 64 or 128. A CTA computes
+    `compute_wgs` (1 or 2) blocks of 64 query rows on one stream of key steps of
+    `block_kv` (64 or 128) keys, `stages` of them in shared memory at once;
+    `config.prefill_block` must be a multiple of 64 * compute_wgs.
     """
     _check(q, k, v, lengths)
     problems = []
     if config.prefill_qk != "int8":
         problems.append(f"config.prefill_qk 'int8' (got {config.prefill_qk!r})")
-    if config.prefill_block % _mgpu.BLOCK:
-        problems.append(f"config.prefill_block a multiple of {_mgpu.BLOCK} (got {config.prefill_block})")
+    if config.prefill_block % (_mgpu.BLOCK * compute_wgs):
+        problems.append(f"config.prefill_block a multiple of {_mgpu.BLOCK * compute_wgs} for compute_wgs="
+                        f"{compute_wgs} (got {config.prefill_block})")
     if q.shape[-1] not in _mgpu.HEAD_DIMS:
         problems.append(f"head_dim in {_mgpu.HEAD_DIMS} (got {q.shape[-1]})")
     if problems:
@@ -295,4 +301,5 @@ def prefill_attention_mgpu(q, k, v, lengths, vl_idx, vl_count, config: HyQuantCo
     if vl_idx.ndim != 3 or vl_idx.shape[:2] != k.shape[:2] or vl_count.shape != (q.shape[0],):
         raise ValueError(f"vl_idx must be [B, Hkv, K] and vl_count [B]; got {vl_idx.shape}, {vl_count.shape}")
     return _prefill_mgpu(q, k, v, lengths, vl_idx.astype(jnp.int32), vl_count.astype(jnp.int32), config=config,
-                         interpret=interpret, scale=scale, stages=stages)
+                         interpret=interpret, scale=scale, compute_wgs=compute_wgs, block_kv=block_kv,
+                         stages=stages)

@@ -28,7 +28,7 @@ def _cfg(**kw):
     return HyQuantConfig(**kw)
 
 
-def _run(shape, lengths, config, vl_source, interpret, seed=0, stages=2):
+def _run(shape, lengths, config, vl_source, interpret, seed=0, stages=2, **kernel):
     b, hq, hkv, t, d = shape
     q, k, v = make_inputs(seed, b, hq, hkv, t, d)
     lengths = jnp.asarray(lengths, jnp.int32)
@@ -37,24 +37,28 @@ def _run(shape, lengths, config, vl_source, interpret, seed=0, stages=2):
     else:
         vl_idx, vl_count = random_vl(seed, b, hkv, t, lengths, config)
     ref = reference.hybrid_prefill_attention_reference(q, k, v, lengths, vl_idx, vl_count, config)
-    out = pk.prefill_attention_mgpu(q, k, v, lengths, vl_idx, vl_count, config, interpret=interpret, stages=stages)
+    out = pk.prefill_attention_mgpu(q, k, v, lengths, vl_idx, vl_count, config, interpret=interpret, stages=stages,
+                                    **kernel)
     assert out.dtype == q.dtype
     return out, ref, lengths
 
 
-# name, (B, Hq, Hkv, T, D), lengths, config, VL source, stages
+# name, (B, Hq, Hkv, T, D), lengths, config, VL source, kernel settings
 CPU_CASES = [
-    ("gqa_ragged_vti", (2, 4, 2, 200, 64), [200, 137], _cfg(window=64, rho=0.1), "vti", 2),
+    ("gqa_ragged_vti", (2, 4, 2, 200, 64), [200, 137], _cfg(window=64, rho=0.1), "vti", {}),
     ("d128_block128_three_stages", (1, 2, 1, 300, 128), [300], _cfg(window=128, prefill_block=128, rho=0.1),
-     "random", 3),
-    ("window_192_no_vl", (1, 2, 2, 260, 64), [251], _cfg(window=192, rho=0.0), "random", 2),
-    ("empty_and_short_sequences", (3, 2, 1, 128, 64), [0, 5, 128], _cfg(window=64, rho=0.2), "random", 2),
+     "random", dict(stages=3)),
+    ("window_192_no_vl", (1, 2, 2, 260, 64), [251], _cfg(window=192, rho=0.0), "random", {}),
+    ("empty_and_short_sequences", (3, 2, 1, 128, 64), [0, 5, 128], _cfg(window=64, rho=0.2), "random", {}),
+    ("two_row_blocks_kv128", (2, 4, 2, 300, 64), [300, 70], _cfg(window=128, prefill_block=128, rho=0.1), "vti",
+     dict(compute_wgs=2, block_kv=128)),
+    ("kv128_band_half_step", (1, 2, 1, 200, 128), [200], _cfg(window=64, rho=0.1), "random", dict(block_kv=128)),
 ]
 
 
-@pytest.mark.parametrize("name,shape,lengths,config,vl_source,stages", CPU_CASES, ids=[c[0] for c in CPU_CASES])
-def test_interpret_matches_reference(name, shape, lengths, config, vl_source, stages):
-    out, ref, lengths = _run(shape, lengths, config, vl_source, interpret=True, stages=stages)
+@pytest.mark.parametrize("name,shape,lengths,config,vl_source,kernel", CPU_CASES, ids=[c[0] for c in CPU_CASES])
+def test_interpret_matches_reference(name, shape, lengths, config, vl_source, kernel):
+    out, ref, lengths = _run(shape, lengths, config, vl_source, interpret=True, **kernel)
     check_output(out, ref, lengths, TOL)
 
 
@@ -90,21 +94,24 @@ def test_padding_garbage_never_leaks():
     check_output(out, ref, lengths, TOL)
 
 
-@pytest.mark.parametrize("config,d,match", [
-    (_cfg(prefill_qk="fp8"), 64, "prefill_qk 'int8'"),
-    (_cfg(prefill_block=32), 64, "multiple of 64"),
-    (_cfg(), 256, "head_dim"),
+@pytest.mark.parametrize("config,d,kernel,match", [
+    (_cfg(prefill_qk="fp8"), 64, {}, "prefill_qk 'int8'"),
+    (_cfg(prefill_block=32), 64, {}, "multiple of 64"),
+    (_cfg(prefill_block=64), 64, dict(compute_wgs=2), "multiple of 128 for compute_wgs=2"),
+    (_cfg(), 256, {}, "head_dim"),
 ])
-def test_unsupported_config_is_a_clear_error(config, d, match):
+def test_unsupported_config_is_a_clear_error(config, d, kernel, match):
     q, k, v = make_inputs(0, 1, 2, 1, 64, d)
     lengths = jnp.asarray([64], jnp.int32)
     vl_idx, vl_count = random_vl(0, 1, 1, 64, lengths, config)
     with pytest.raises(ValueError, match=match):
-        pk.prefill_attention_mgpu(q, k, v, lengths, vl_idx, vl_count, config, interpret=True)
+        pk.prefill_attention_mgpu(q, k, v, lengths, vl_idx, vl_count, config, interpret=True, **kernel)
 
 
-@pytest.mark.parametrize("d,stages", [(128, 2), (128, 3), (64, 2)])
-def test_lowers_for_cuda(d, stages):
+@pytest.mark.parametrize("d,kernel", [(128, dict(stages=2)), (128, dict(stages=3)), (64, dict(stages=2)),
+                                      (128, dict(compute_wgs=2, block_kv=128)),
+                                      (128, dict(compute_wgs=2, block_kv=64, stages=3))])
+def test_lowers_for_cuda(d, kernel):
     """Qwen3-8B heads at 4K tokens (64 query blocks, 205 VL slots), lowered on CPU for the H200."""
     b, hq, hkv, tp, kp = 1, 32, 8, 4096, 256
     sd = jax.ShapeDtypeStruct
@@ -113,20 +120,29 @@ def test_lowers_for_cuda(d, stages):
             sd((b, hq, tp), f32), sd((b, hq, tp), f32), sd((b, hkv, tp, d), i8), sd((b, hkv, tp), f32),
             sd((b, hkv, tp, d), bf), sd((b, hkv, d), f32), sd((b, hkv, kp, d), bf), sd((b, hkv, kp, d), bf),
             sd((b, hkv, tp, d), bf), sd((b, hkv, tp, d), bf))
-    fn = jax.jit(lambda *a: hybrid_prefill_mgpu(*a, scale=d ** -0.5, stages=stages))
+    fn = jax.jit(lambda *a: hybrid_prefill_mgpu(*a, scale=d ** -0.5, **kernel))
     assert "mosaic_gpu" in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
+TWO_WGS = dict(compute_wgs=2, block_kv=128)
 GPU_CASES = [
-    ("qwen3_heads_ragged", (2, 32, 8, 1000, 128), [1000, 613], _cfg(window=128, rho=0.05), "vti", 2),
-    ("qwen3_heads_4k", (1, 32, 8, 4096, 128), [4096], _cfg(window=128, rho=0.05), "vti", 2),
-    ("smollm_heads_d64", (2, 9, 3, 777, 64), [777, 300], _cfg(window=128, rho=0.1), "random", 3),
-    ("block128_window_256", (1, 8, 8, 1500, 128), [1437], _cfg(window=256, prefill_block=128, rho=0.05), "random", 2),
+    ("qwen3_heads_ragged", (2, 32, 8, 1000, 128), [1000, 613], _cfg(window=128, rho=0.05), "vti", {}),
+    ("qwen3_heads_4k", (1, 32, 8, 4096, 128), [4096], _cfg(window=128, rho=0.05), "vti", {}),
+    ("smollm_heads_d64", (2, 9, 3, 777, 64), [777, 300], _cfg(window=128, rho=0.1), "random", dict(stages=3)),
+    ("block128_window_256", (1, 8, 8, 1500, 128), [1437], _cfg(window=256, prefill_block=128, rho=0.05), "random",
+     {}),
+    ("two_wgs_kv128_ragged", (2, 32, 8, 1000, 128), [1000, 613], _cfg(window=128, prefill_block=128, rho=0.05),
+     "vti", TWO_WGS),
+    ("two_wgs_kv128_4k", (1, 32, 8, 4096, 128), [4096], _cfg(window=128, prefill_block=128, rho=0.05), "vti",
+     TWO_WGS),
+    ("two_wgs_kv64_d64", (2, 9, 3, 777, 64), [777, 300], _cfg(window=128, prefill_block=128, rho=0.1), "random",
+     dict(compute_wgs=2, block_kv=64, stages=3)),
+    ("one_wg_kv128", (1, 8, 8, 1500, 128), [1437], _cfg(window=64, rho=0.05), "random", dict(block_kv=128)),
 ]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name,shape,lengths,config,vl_source,stages", GPU_CASES, ids=[c[0] for c in GPU_CASES])
-def test_gpu_matches_reference(name, shape, lengths, config, vl_source, stages):
-    out, ref, lengths = _run(shape, lengths, config, vl_source, interpret=False, stages=stages)
+@pytest.mark.parametrize("name,shape,lengths,config,vl_source,kernel", GPU_CASES, ids=[c[0] for c in GPU_CASES])
+def test_gpu_matches_reference(name, shape, lengths, config, vl_source, kernel):
+    out, ref, lengths = _run(shape, lengths, config, vl_source, interpret=False, **kernel)
     check_output(out, ref, lengths, TOL)
