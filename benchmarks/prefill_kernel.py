@@ -12,7 +12,8 @@ queries attend to: the regime where VL tokens matter), B=1, Hq/Hkv=32/8, D=128:
   hybrid_int8_kernel  the hybrid INT8 kernel alone (glue excluded)
   hybrid_int8_mgpu    the same attention through the Mosaic GPU kernel (pallas_kernels/prefill_mgpu.py:
                       warp-specialized, TMA, wgmma): one compute warpgroup of 64 rows, 64-key steps
-  hybrid_int8_mgpu_2wg      two compute warpgroups (128 rows) sharing 128-key steps
+  hybrid_int8_mgpu_2wg      two compute warpgroups (128 rows) sharing 128-key steps, taking turns (ping-pong)
+  hybrid_int8_mgpu_2wg_nopp the same without ping-pong
   hybrid_int8_mgpu_2wg_kv64 two compute warpgroups, 64-key steps, 3 steps in SMEM
   hybrid_int8_mgpu_kernel   the Mosaic GPU kernel alone, two warpgroups, 128-key steps (glue excluded)
   hybrid_e2e          hyquant_jax.prefill_attention(backend="pallas"): VTI + glue + kernel
@@ -368,6 +369,7 @@ def run_length(t, tuning, mha_tuning, interpret, reps, b, hq, hkv, d, have_cudnn
                                           block_k=128)
         methods["hybrid_int8_mgpu"] = (mgpu_fn(CONFIG, interpret), hyb_args, True)
         methods["hybrid_int8_mgpu_2wg"] = (mgpu_fn(CONFIG, interpret, **two), hyb_args, True)
+        methods["hybrid_int8_mgpu_2wg_nopp"] = (mgpu_fn(CONFIG, interpret, pingpong=False, **two), hyb_args, True)
         methods["hybrid_int8_mgpu_2wg_kv64"] = (mgpu_fn(CONFIG, interpret, compute_wgs=2, block_kv=64, stages=3),
                                                 hyb_args, True)
         methods["hybrid_int8_mgpu_kernel"] = (partial(mgpu.hybrid_prefill_mgpu, scale=scale, interpret=interpret,
@@ -446,7 +448,8 @@ def summarize(results, lengths):
 
         row = {}
         for name in ("hybrid_int8", "hybrid_fp8", "hybrid_int8_pvfp8", "hybrid_fp8_pvfp8", "uniform_int8",
-                     "hybrid_int8_mgpu", "hybrid_int8_mgpu_2wg", "hybrid_int8_mgpu_2wg_kv64"):
+                     "hybrid_int8_mgpu", "hybrid_int8_mgpu_2wg", "hybrid_int8_mgpu_2wg_nopp",
+                     "hybrid_int8_mgpu_2wg_kv64"):
             if ms(name):
                 if ms("cudnn_bf16"):
                     row[f"{name}_speedup_vs_cudnn"] = ms("cudnn_bf16") / ms(name)

@@ -48,8 +48,8 @@ def _swizzled(dtype, cols: int):
 
 def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref, kvl_ref, vvl_ref, k_ref, v_ref,
             o_ref, q_s, qq_s, qrow_s, qbias_s, meta_s, kq_s, ks_s, k_s, v_s, p_s, setup_bar, full_bars,
-            free_bars, *, group: int, num_ctas: int, compute_wgs: int, block_kv: int, stages: int,
-            exact_factor: float, interpret: bool):
+            free_bars, turn_bar, *, group: int, num_ctas: int, compute_wgs: int, block_kv: int, stages: int,
+            pingpong: bool, exact_factor: float, interpret: bool):
     head, c, b = lax.axis_index("heads"), lax.axis_index("q_blocks"), lax.axis_index("batch")
     cw, bk = compute_wgs, block_kv
     base = (num_ctas - 1 - c) * (BLOCK * cw)  # first query row of this CTA; the longest (last) blocks first
@@ -61,6 +61,14 @@ def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref
     specialized = not interpret
     wg = lax.axis_index("wg") if specialized else 0
     memory_wg = cw if specialized else 0
+    # Ping-pong (two compute warpgroups): they take turns at the tensor cores, one's softmax running while
+    # the other's matmuls do. Each takes a turn (arrive, then wait for the other) after issuing its Q.K and
+    # after its softmax; warpgroup 1 starts one turn late and warpgroup 0 finishes one turn late.
+    pingpong = pingpong and specialized and cw == 2
+
+    def take_turn():
+        plgpu.barrier_arrive(turn_bar)
+        plgpu.barrier_wait(turn_bar)
 
     @pl.when(wg == memory_wg)
     def _setup():
@@ -104,6 +112,8 @@ def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref
         if kind == "quant":
             def f(acc):
                 plgpu.wgmma(acc, qq_s.at[w], kq_s.at[slot].T)
+                if pingpong:
+                    take_turn()
                 return acc[...]
 
             dots = pl.run_scoped(f, plgpu.ACC((BLOCK, bk), jnp.int32)).astype(jnp.float32)
@@ -116,6 +126,8 @@ def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref
 
         def f(acc):
             plgpu.wgmma(acc, q_s.at[w], k_s.at[slot].T)
+            if pingpong:
+                take_turn()
             return acc[...]
 
         return pl.run_scoped(f, plgpu.ACC((BLOCK, bk), jnp.float32)) * exact_factor
@@ -154,6 +166,8 @@ def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref
         alpha = jnp.exp2(m - m_new)
         p = jnp.exp2(logits - lax.broadcast_in_dim(m_new, (BLOCK, bk), [0]))
         l = l * alpha + p.sum(axis=1)
+        if pingpong:
+            take_turn()
         acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0]) + pv(p, slot, w)
         if specialized:
             plgpu.barrier_arrive(free_bars.at[slot])  # once all compute warpgroups arrive, the slot refills
@@ -165,6 +179,8 @@ def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref
         carry = (plgpu.layout_cast(jnp.zeros((BLOCK, d), jnp.float32), plgpu.Layout.WGMMA),
                  plgpu.layout_cast(jnp.full((BLOCK,), M_INIT, jnp.float32), plgpu.Layout.WGMMA.reduce(1)),
                  plgpu.layout_cast(jnp.zeros((BLOCK,), jnp.float32), plgpu.Layout.WGMMA.reduce(1)))
+        if pingpong and w == 1:
+            take_turn()
         for kind, first, count in segments:
             def body(j, carry, kind=kind, first=first):
                 if not specialized:
@@ -172,6 +188,8 @@ def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref
                 return consume(kind, j, first + j, w, carry)
 
             carry = lax.fori_loop(0, count, body, carry)
+        if pingpong and w == 0:
+            take_turn()
         acc, _, l = carry
         inv = 1.0 / jnp.where(l > 0, l, 1.0)
         out_rows = base + w * BLOCK + plgpu.broadcasted_iota(jnp.int32, acc.shape, 0, layout=plgpu.Layout.WGMMA)
@@ -219,9 +237,10 @@ def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref
                 pl.when(wg == w)(functools.partial(rows_of, w))
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "compute_wgs", "block_kv", "stages", "interpret"))
+@functools.partial(jax.jit, static_argnames=("scale", "compute_wgs", "block_kv", "stages", "pingpong", "interpret"))
 def hybrid_prefill_mgpu(meta, q, qq, qrow, qbias, kq, ks, vq, vsc, kvl, vvl, k, v, *, scale: float,
-                        compute_wgs: int = 1, block_kv: int = BLOCK, stages: int = 2, interpret: bool = False):
+                        compute_wgs: int = 1, block_kv: int = BLOCK, stages: int = 2, pingpong: bool = True,
+                        interpret: bool = False):
     """Run the kernel on arguments prepared by `hyquant_jax.prefill_kernel._prepare` (block_q 64,
     block_k = block_kv; INT8 Q.K, bf16 P.V; `vsc` is unused and accepted for the same argument order).
 
@@ -230,7 +249,8 @@ def hybrid_prefill_mgpu(meta, q, qq, qrow, qbias, kq, ks, vq, vsc, kvl, vvl, k, 
     vq, k, v bf16 [B, Hkv, Tp, D]; kvl, vvl bf16 [B, Hkv, Kp, D]; Tp a multiple of 64 * compute_wgs and of
     block_kv, Kp a multiple of block_kv, D in {64, 128}. A CTA runs `compute_wgs` row blocks of 64 on one
     key stream: their meta must agree on (nq, nvl, band_start), i.e. prefill_block a multiple of
-    64 * compute_wgs. `stages` key steps of `block_kv` keys are in SMEM at once.
+    64 * compute_wgs. `stages` key steps of `block_kv` keys are in SMEM at once. With two compute warpgroups
+    `pingpong` makes them alternate at the tensor cores.
     Returns bf16 [B, Hq, Tp, D]; rows at positions >= length are 0.
     """
     del vsc
@@ -255,7 +275,8 @@ def hybrid_prefill_mgpu(meta, q, qq, qrow, qbias, kq, ks, vq, vsc, kvl, vvl, k, 
     swizzled = (lambda dtype, cols: ()) if interpret else _swizzled
     kernel = plgpu.kernel(
         functools.partial(_kernel, group=hq // hkv, num_ctas=tp // (BLOCK * cw), compute_wgs=cw,
-                          block_kv=block_kv, stages=stages, exact_factor=float(scale) * LOG2E, interpret=interpret),
+                          block_kv=block_kv, stages=stages, pingpong=pingpong, exact_factor=float(scale) * LOG2E,
+                          interpret=interpret),
         out_type=jax.ShapeDtypeStruct((b, hq, tp, d), bf16),
         grid=(hq, tp // (BLOCK * cw), b),
         grid_names=("heads", "q_blocks", "batch"),
@@ -275,6 +296,7 @@ def hybrid_prefill_mgpu(meta, q, qq, qrow, qbias, kq, ks, vq, vsc, kvl, vvl, k, 
             plgpu.Barrier(num_arrivals=1 + 4 * cw),
             plgpu.Barrier(num_arrivals=COPIES, num_barriers=stages),
             plgpu.Barrier(num_arrivals=cw, num_barriers=stages),
+            plgpu.Barrier(num_arrivals=cw),  # ping-pong turns
         ],
         interpret=plgpu.InterpretGPUParams() if interpret else False,
     )

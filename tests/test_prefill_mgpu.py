@@ -110,7 +110,8 @@ def test_unsupported_config_is_a_clear_error(config, d, kernel, match):
 
 @pytest.mark.parametrize("d,kernel", [(128, dict(stages=2)), (128, dict(stages=3)), (64, dict(stages=2)),
                                       (128, dict(compute_wgs=2, block_kv=128)),
-                                      (128, dict(compute_wgs=2, block_kv=64, stages=3))])
+                                      (128, dict(compute_wgs=2, block_kv=64, stages=3)),
+                                      (128, dict(compute_wgs=2, block_kv=128, pingpong=False))])
 def test_lowers_for_cuda(d, kernel):
     """Qwen3-8B heads at 4K tokens (64 query blocks, 205 VL slots), lowered on CPU for the H200."""
     b, hq, hkv, tp, kp = 1, 32, 8, 4096, 256
@@ -138,6 +139,8 @@ GPU_CASES = [
     ("two_wgs_kv64_d64", (2, 9, 3, 777, 64), [777, 300], _cfg(window=128, prefill_block=128, rho=0.1), "random",
      dict(compute_wgs=2, block_kv=64, stages=3)),
     ("one_wg_kv128", (1, 8, 8, 1500, 128), [1437], _cfg(window=64, rho=0.05), "random", dict(block_kv=128)),
+    ("two_wgs_no_pingpong", (2, 32, 8, 1000, 128), [1000, 613], _cfg(window=128, prefill_block=128, rho=0.05),
+     "vti", dict(pingpong=False, **TWO_WGS)),
 ]
 
 
