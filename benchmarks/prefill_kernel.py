@@ -15,7 +15,7 @@ queries attend to: the regime where VL tokens matter), B=1, Hq/Hkv=32/8, D=128:
   hybrid_int8_mgpu_2wg      two compute warpgroups (128 rows) sharing 128-key steps, taking turns (ping-pong)
   hybrid_int8_mgpu_2wg_nopp the same without ping-pong
   hybrid_int8_mgpu_2wg_kv64 two compute warpgroups, 64-key steps, 3 steps in SMEM
-  hybrid_int8_mgpu_kernel   the Mosaic GPU kernel alone, two warpgroups, 128-key steps (glue excluded)
+  hybrid_int8_mgpu_kernel   the Mosaic GPU kernel alone, two warpgroups, 128-key steps, ping-pong (glue excluded)
   hybrid_e2e          hyquant_jax.prefill_attention(backend="pallas"): VTI + glue + kernel
   vti                 tail queries + vertical_token_identification alone
   cudnn_bf16          jax.nn.dot_product_attention(implementation="cudnn", is_causal=True)
@@ -364,12 +364,13 @@ def run_length(t, tuning, mha_tuning, interpret, reps, b, hq, hkv, d, have_cudnn
     if have_cudnn:
         methods["cudnn_bf16"] = (cudnn_fn, (qt, kt, vt), True)
     if d in mgpu.HEAD_DIMS and (only is None or any(m.startswith("hybrid_int8_mgpu") for m in only)):
-        two = dict(compute_wgs=2, block_kv=128)
+        two = dict(compute_wgs=2, block_kv=128, pingpong=True)
         margs, _ = pk.prepare_kernel_call(q, k, v, lengths, vl_idx, vl_count, CONFIG, block_q=mgpu.BLOCK,
                                           block_k=128)
         methods["hybrid_int8_mgpu"] = (mgpu_fn(CONFIG, interpret), hyb_args, True)
         methods["hybrid_int8_mgpu_2wg"] = (mgpu_fn(CONFIG, interpret, **two), hyb_args, True)
-        methods["hybrid_int8_mgpu_2wg_nopp"] = (mgpu_fn(CONFIG, interpret, pingpong=False, **two), hyb_args, True)
+        methods["hybrid_int8_mgpu_2wg_nopp"] = (mgpu_fn(CONFIG, interpret, **dict(two, pingpong=False)), hyb_args,
+                                                True)
         methods["hybrid_int8_mgpu_2wg_kv64"] = (mgpu_fn(CONFIG, interpret, compute_wgs=2, block_kv=64, stages=3),
                                                 hyb_args, True)
         methods["hybrid_int8_mgpu_kernel"] = (partial(mgpu.hybrid_prefill_mgpu, scale=scale, interpret=interpret,

@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--q-heads", type=int, default=8)
     demo.add_argument("--kv-heads", type=int, default=2)
     demo.add_argument("--head-dim", type=int, default=128)
-    demo.add_argument("--backend", default="auto", choices=("auto", "reference", "pallas", "interpret"))
+    demo.add_argument("--backend", default="auto", choices=("auto", "reference", "pallas", "mosaic", "interpret"))
     demo.add_argument("--json", help="also write the result to this JSON file")
     _add_config_args(demo)
 

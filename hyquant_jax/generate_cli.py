@@ -89,8 +89,9 @@ def add_generate_args(p) -> None:
     p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
                    help="weights and activations (auto: bfloat16 on GPU, float32 on CPU where XLA's bf16 matmuls "
                         "are slow); the KV cache is always bf16")
-    p.add_argument("--backend", default="auto", choices=("auto", "reference", "pallas", "interpret"),
-                   help="HyQuant attention backend (auto: Pallas kernels on GPU, the jnp reference elsewhere)")
+    p.add_argument("--backend", default="auto", choices=("auto", "reference", "pallas", "mosaic", "interpret"),
+                   help="HyQuant attention backend (auto: Pallas kernels on GPU, the jnp reference elsewhere; "
+                        "mosaic: prefill through the Mosaic GPU kernel, Hopper only)")
     p.add_argument("--prefill-qk", default="int8", choices=("int8", "fp8", "bf16"),
                    help="number format of Q.K for the quantized segment of hybrid prefill")
     p.add_argument("--prefill-block", type=int, default=64,

@@ -279,7 +279,7 @@ def _prefill_mgpu(q, k, v, lengths, vl_idx, vl_count, *, config: HyQuantConfig, 
 
 def prefill_attention_mgpu(q, k, v, lengths, vl_idx, vl_count, config: HyQuantConfig, interpret: bool = False,
                            scale: float | None = None, *, compute_wgs: int = 1, block_kv: int = 64,
-                           stages: int = 2, pingpong: bool = True):
+                           stages: int = 2, pingpong: bool = False):
     """`prefill_attention` through the Mosaic GPU kernel (`pallas_kernels.prefill_mgpu`, Hopper only).
 
     Same arguments, result and reference as `prefill_attention`. Scope: INT8 Q.K

@@ -108,10 +108,34 @@ def test_unsupported_config_is_a_clear_error(config, d, kernel, match):
         pk.prefill_attention_mgpu(q, k, v, lengths, vl_idx, vl_count, config, interpret=True, **kernel)
 
 
+@pytest.mark.parametrize("prefill_block,compute_wgs", [(128, 2), (256, 2), (64, 1)])
+def test_mosaic_backend_dispatch(monkeypatch, prefill_block, compute_wgs):
+    """backend="mosaic" runs prefill through prefill_attention_mgpu with two compute warpgroups when the
+    config allows them, and passes VTI's VL set through (checked without a GPU by a stand-in kernel)."""
+    from hyquant_jax import attention
+
+    calls = []
+
+    def stand_in(q, k, v, lengths, vl_idx, vl_count, config, **kw):
+        calls.append((vl_idx, vl_count, kw))
+        return jnp.zeros_like(q)
+
+    monkeypatch.setattr(pk, "prefill_attention_mgpu", stand_in)
+    config = _cfg(window=2 * prefill_block, prefill_block=prefill_block, rho=0.1)
+    q, k, v = make_inputs(0, 1, 2, 1, 600, 64)
+    lengths = jnp.asarray([600], jnp.int32)
+    out, (vl_idx, vl_count) = attention.prefill_attention(q, k, v, lengths, config, backend="mosaic")
+    (got_idx, got_count, kw), = calls
+    assert kw == dict(scale=None, compute_wgs=compute_wgs, block_kv=128, pingpong=False)
+    np.testing.assert_array_equal(np.asarray(got_idx), np.asarray(vl_idx))
+    np.testing.assert_array_equal(np.asarray(got_count), np.asarray(vl_count))
+    assert out.shape == q.shape
+
+
 @pytest.mark.parametrize("d,kernel", [(128, dict(stages=2)), (128, dict(stages=3)), (64, dict(stages=2)),
                                       (128, dict(compute_wgs=2, block_kv=128)),
                                       (128, dict(compute_wgs=2, block_kv=64, stages=3)),
-                                      (128, dict(compute_wgs=2, block_kv=128, pingpong=False))])
+                                      (128, dict(compute_wgs=2, block_kv=128, pingpong=True))])
 def test_lowers_for_cuda(d, kernel):
     """Qwen3-8B heads at 4K tokens (64 query blocks, 205 VL slots), lowered on CPU for the H200."""
     b, hq, hkv, tp, kp = 1, 32, 8, 4096, 256
@@ -125,7 +149,7 @@ def test_lowers_for_cuda(d, kernel):
     assert "mosaic_gpu" in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
-TWO_WGS = dict(compute_wgs=2, block_kv=128)
+TWO_WGS = dict(compute_wgs=2, block_kv=128)  # with pingpong given per case
 GPU_CASES = [
     ("qwen3_heads_ragged", (2, 32, 8, 1000, 128), [1000, 613], _cfg(window=128, rho=0.05), "vti", {}),
     ("qwen3_heads_4k", (1, 32, 8, 4096, 128), [4096], _cfg(window=128, rho=0.05), "vti", {}),
@@ -133,11 +157,11 @@ GPU_CASES = [
     ("block128_window_256", (1, 8, 8, 1500, 128), [1437], _cfg(window=256, prefill_block=128, rho=0.05), "random",
      {}),
     ("two_wgs_kv128_ragged", (2, 32, 8, 1000, 128), [1000, 613], _cfg(window=128, prefill_block=128, rho=0.05),
-     "vti", TWO_WGS),
+     "vti", dict(pingpong=True, **TWO_WGS)),
     ("two_wgs_kv128_4k", (1, 32, 8, 4096, 128), [4096], _cfg(window=128, prefill_block=128, rho=0.05), "vti",
-     TWO_WGS),
+     dict(pingpong=True, **TWO_WGS)),
     ("two_wgs_kv64_d64", (2, 9, 3, 777, 64), [777, 300], _cfg(window=128, prefill_block=128, rho=0.1), "random",
-     dict(compute_wgs=2, block_kv=64, stages=3)),
+     dict(compute_wgs=2, block_kv=64, stages=3, pingpong=True)),
     ("one_wg_kv128", (1, 8, 8, 1500, 128), [1437], _cfg(window=64, rho=0.05), "random", dict(block_kv=128)),
     ("two_wgs_no_pingpong", (2, 32, 8, 1000, 128), [1000, 613], _cfg(window=128, prefill_block=128, rho=0.05),
      "vti", dict(pingpong=False, **TWO_WGS)),
