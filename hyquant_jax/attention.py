@@ -5,7 +5,8 @@ backend:
   "reference" pure jnp (`hyquant_jax.reference`), any device;
   "pallas"    the compiled Pallas GPU kernels (Triton lowering);
   "mosaic"    Hopper only: prefill through the Mosaic GPU kernel (`pallas_kernels.prefill_mgpu`,
-              1.1x-1.2x faster than "pallas" from 8K tokens on the H200), decode as "pallas";
+              two compute warpgroups per CTA, so `prefill_block` a multiple of 128; 1.1x-1.2x
+              faster than "pallas" from 8K tokens on the H200), decode as "pallas";
   "interpret" the Pallas kernel in interpret mode (CPU tests).
 """
 
@@ -43,11 +44,9 @@ def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, backend: st
     return decode_kernel.decode_attention(q, cache, config, interpret=backend == "interpret", scale=scale)
 
 
-def mosaic_prefill_settings(config: HyQuantConfig) -> dict:
-    """Mosaic GPU prefill kernel settings for a config: two 64-row compute warpgroups per CTA when
-    `config.prefill_block` allows it (a multiple of 128), 128-key steps, no ping-pong (measured
-    faster without it: `benchmarks/results/prefill_mgpu_h200.json`)."""
-    return dict(compute_wgs=2 if config.prefill_block % 128 == 0 else 1, block_kv=128, pingpong=False)
+# The Mosaic GPU prefill setting that was timed (`benchmarks/results/prefill_mgpu_h200.json`): two 64-row
+# compute warpgroups per CTA, 128-key steps, no ping-pong (ping-pong measured ~2% slower).
+MOSAIC_PREFILL = dict(compute_wgs=2, block_kv=128, pingpong=False)
 
 
 def decode_step(q, k, v, cache: HybridKVCache, config: HyQuantConfig, backend: str = "auto",
@@ -78,8 +77,7 @@ def prefill_attention(q, k, v, lengths, config: HyQuantConfig, backend: str = "a
     elif backend == "mosaic":
         from hyquant_jax import prefill_kernel
 
-        out = prefill_kernel.prefill_attention_mgpu(q, k, v, lengths, *vl, config, scale=scale,
-                                                    **mosaic_prefill_settings(config))
+        out = prefill_kernel.prefill_attention_mgpu(q, k, v, lengths, *vl, config, scale=scale, **MOSAIC_PREFILL)
     else:
         from hyquant_jax import prefill_kernel
 
