@@ -106,7 +106,9 @@ CPU_CASES = [
 ]
 
 
-def _run_case(shape, lengths, config, kwargs, vl_source, interpret, seed=0):
+def run_against_reference(attend, shape, lengths, config, vl_source, seed=0):
+    """(out, ref, lengths): attend(q, k, v, lengths, vl_idx, vl_count, config) and the jnp reference on the same
+    `make_inputs`, with the VL set from VTI (vl_source "vti") or random ("random")."""
     b, hq, hkv, t, d = shape
     q, k, v = make_inputs(seed, b, hq, hkv, t, d)
     lengths = jnp.asarray(lengths, jnp.int32)
@@ -115,9 +117,16 @@ def _run_case(shape, lengths, config, kwargs, vl_source, interpret, seed=0):
     else:
         vl_idx, vl_count = random_vl(seed, b, hkv, t, lengths, config)
     ref = reference.hybrid_prefill_attention_reference(q, k, v, lengths, vl_idx, vl_count, config)
-    out = pk.prefill_attention(q, k, v, lengths, vl_idx, vl_count, config, interpret=interpret, **kwargs)
+    out = attend(q, k, v, lengths, vl_idx, vl_count, config)
     assert out.dtype == q.dtype
     return out, ref, lengths
+
+
+def _run_case(shape, lengths, config, kwargs, vl_source, interpret, seed=0):
+    def attend(*args):
+        return pk.prefill_attention(*args, interpret=interpret, **kwargs)
+
+    return run_against_reference(attend, shape, lengths, config, vl_source, seed)
 
 
 @pytest.mark.parametrize("name,shape,lengths,config,kwargs,vl_source", CPU_CASES, ids=[c[0] for c in CPU_CASES])

@@ -19,7 +19,7 @@ from hyquant_jax import prefill_kernel as pk
 from hyquant_jax import reference
 from hyquant_jax.config import HyQuantConfig
 from pallas_kernels.prefill_mgpu import hybrid_prefill_mgpu
-from tests.test_prefill_kernel import TOL, check_output, make_inputs, random_vl, rel_err, vti_vl
+from tests.test_prefill_kernel import TOL, check_output, make_inputs, random_vl, rel_err, run_against_reference, vti_vl
 
 
 def _cfg(**kw):
@@ -28,19 +28,11 @@ def _cfg(**kw):
     return HyQuantConfig(**kw)
 
 
-def _run(shape, lengths, config, vl_source, interpret, seed=0, stages=2, **kernel):
-    b, hq, hkv, t, d = shape
-    q, k, v = make_inputs(seed, b, hq, hkv, t, d)
-    lengths = jnp.asarray(lengths, jnp.int32)
-    if vl_source == "vti":
-        vl_idx, vl_count = vti_vl(q, k, lengths, config)
-    else:
-        vl_idx, vl_count = random_vl(seed, b, hkv, t, lengths, config)
-    ref = reference.hybrid_prefill_attention_reference(q, k, v, lengths, vl_idx, vl_count, config)
-    out = pk.prefill_attention_mgpu(q, k, v, lengths, vl_idx, vl_count, config, interpret=interpret, stages=stages,
-                                    **kernel)
-    assert out.dtype == q.dtype
-    return out, ref, lengths
+def _run(shape, lengths, config, vl_source, interpret, seed=0, **kernel):
+    def attend(*args):
+        return pk.prefill_attention_mgpu(*args, interpret=interpret, **kernel)
+
+    return run_against_reference(attend, shape, lengths, config, vl_source, seed)
 
 
 # name, (B, Hq, Hkv, T, D), lengths, config, VL source, kernel settings
