@@ -110,10 +110,11 @@ def parse_args(argv=None):
                    help="shard over D*M GPUs: batch over D, weights and KV heads over M (M must divide the 8 KV heads)")
     p.add_argument("--layers", type=int, default=None,
                    help="override the layer count (faster compiles; results then are not the full model's)")
-    p.add_argument("--backend", default="auto", choices=("auto", "reference", "pallas", "interpret"),
-                   help="HyQuant decode backend (auto: Pallas on GPU)")
-    p.add_argument("--prefill-backend", default=None, choices=("auto", "reference", "pallas", "interpret"),
-                   help="HyQuant prefill backend (default: --backend)")
+    p.add_argument("--backend", default="auto", choices=("auto", "reference", "pallas", "mosaic", "interpret"),
+                   help="HyQuant decode backend (auto: Pallas on GPU; mosaic decodes as pallas)")
+    p.add_argument("--prefill-backend", default=None, choices=("auto", "reference", "pallas", "mosaic", "interpret"),
+                   help="HyQuant prefill backend (default: --backend; mosaic needs --prefill-block 128)")
+    p.add_argument("--prefill-block", type=int, default=64, help="HyQuantConfig.prefill_block (must divide --window)")
     p.add_argument("--key-bits", type=int, default=4)
     p.add_argument("--value-bits", type=int, default=4)
     from hyquant_jax.config import SCHEMES, HyQuantConfig  # jax import only: no device is initialised
@@ -167,7 +168,7 @@ def _attention(args, method):
     from hyquant_jax import HyQuantConfig, make_attention
 
     hq = HyQuantConfig(key_bits=args.key_bits, value_bits=args.value_bits, scheme=args.scheme, window=args.window,
-                       rho=args.rho)
+                       rho=args.rho, prefill_block=args.prefill_block)
     return make_attention(method, hq, backend=args.backend, prefill_backend=args.prefill_backend,
                           cache_dtype=jnp.bfloat16), hq
 
