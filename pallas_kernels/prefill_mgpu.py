@@ -35,7 +35,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 LOG2E = math.log2(math.e)
 M_INIT = -1e30
-BLOCK = 64  # query rows per CTA (one compute warpgroup, the wgmma M) and keys per step
+BLOCK = 64  # query rows per compute warpgroup (the wgmma M); also the smallest key step
 HEAD_DIMS = (64, 128)
 COPIES = 3  # bulk copies per step: keys, key scales (dummy for bf16 steps), values
 
