@@ -1,7 +1,8 @@
 """Hybrid prefill as a Mosaic GPU kernel (pallas_kernels/prefill_mgpu.py via hyquant_jax.prefill_kernel).
 
-CPU (CI): GPU interpret mode (warp-specialized: a memory and a compute warpgroup) against the jnp
-reference on small shapes, and lowering for CUDA at real shapes. GPU (`pytest -m gpu`): the
+CPU (CI): GPU interpret mode (one warpgroup per CTA that copies and then computes each step: the
+same math and masks, see the kernel's docstring) against the jnp reference on small shapes, and
+lowering for CUDA at real shapes (warp-specialized). GPU (`pytest -m gpu`): the
 compiled kernel against the reference, incl. non-multiple-of-64 lengths and ragged batches.
 Inputs and tolerances as in test_prefill_kernel.py (lossy on purpose: a wrong segment shows).
 """
