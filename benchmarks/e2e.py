@@ -110,9 +110,11 @@ def parse_args(argv=None):
                    help="shard over D*M GPUs: batch over D, weights and KV heads over M (M must divide the 8 KV heads)")
     p.add_argument("--layers", type=int, default=None,
                    help="override the layer count (faster compiles; results then are not the full model's)")
-    p.add_argument("--backend", default="auto", choices=("auto", "reference", "pallas", "mosaic", "interpret"),
+    from hyquant_jax.attention import BACKENDS  # jax import only: no device is initialised
+
+    p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="HyQuant decode backend (auto: Pallas on GPU; mosaic decodes as pallas)")
-    p.add_argument("--prefill-backend", default=None, choices=("auto", "reference", "pallas", "mosaic", "interpret"),
+    p.add_argument("--prefill-backend", default=None, choices=BACKENDS,
                    help="HyQuant prefill backend (default: --backend; mosaic needs --prefill-block 128)")
     p.add_argument("--prefill-block", type=int, default=64, help="HyQuantConfig.prefill_block (must divide --window)")
     p.add_argument("--key-bits", type=int, default=4)

@@ -20,6 +20,9 @@ from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.vti import tail_queries, tail_query_count, vertical_token_identification
 
 BACKENDS = ("auto", "reference", "pallas", "mosaic", "interpret")
+# The Mosaic GPU prefill setting that was timed (`benchmarks/results/prefill_mgpu_h200.json`): two 64-row
+# compute warpgroups per CTA, 128-key steps, no ping-pong (ping-pong measured ~2% slower).
+MOSAIC_PREFILL = dict(compute_wgs=2, block_kv=128, pingpong=False)
 
 
 def resolve_backend(backend: str) -> str:
@@ -42,11 +45,6 @@ def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, backend: st
     from hyquant_jax import decode_kernel  # imported lazily: only kernel backends need Pallas
 
     return decode_kernel.decode_attention(q, cache, config, interpret=backend == "interpret", scale=scale)
-
-
-# The Mosaic GPU prefill setting that was timed (`benchmarks/results/prefill_mgpu_h200.json`): two 64-row
-# compute warpgroups per CTA, 128-key steps, no ping-pong (ping-pong measured ~2% slower).
-MOSAIC_PREFILL = dict(compute_wgs=2, block_kv=128, pingpong=False)
 
 
 def decode_step(q, k, v, cache: HybridKVCache, config: HyQuantConfig, backend: str = "auto",

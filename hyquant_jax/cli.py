@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hyquant_jax.attention import BACKENDS
 from hyquant_jax.config import BITS, SCHEMES, HyQuantConfig
 
 
@@ -52,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--q-heads", type=int, default=8)
     demo.add_argument("--kv-heads", type=int, default=2)
     demo.add_argument("--head-dim", type=int, default=128)
-    demo.add_argument("--backend", default="auto", choices=("auto", "reference", "pallas", "mosaic", "interpret"))
+    demo.add_argument("--backend", default="auto", choices=BACKENDS)
     demo.add_argument("--json", help="also write the result to this JSON file")
     _add_config_args(demo)
 

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hyquant_jax.attention import resolve_backend
+from hyquant_jax.attention import BACKENDS, resolve_backend
 from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.generate import generate, kv_cache_bytes
 from hyquant_jax.model_attention import ATTENTION_KINDS, make_attention
@@ -89,7 +89,7 @@ def add_generate_args(p) -> None:
     p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
                    help="weights and activations (auto: bfloat16 on GPU, float32 on CPU where XLA's bf16 matmuls "
                         "are slow); the KV cache is always bf16")
-    p.add_argument("--backend", default="auto", choices=("auto", "reference", "pallas", "mosaic", "interpret"),
+    p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="HyQuant attention backend (auto: Pallas kernels on GPU, the jnp reference elsewhere; "
                         "mosaic: prefill through the Mosaic GPU kernel, Hopper only)")
     p.add_argument("--prefill-qk", default="int8", choices=("int8", "fp8", "bf16"),

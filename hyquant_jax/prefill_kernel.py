@@ -222,6 +222,11 @@ def _check(q, k, v, lengths):
         raise ValueError(f"head_dim must be a power of two >= 16 (64, 128, 256), got {d}")
 
 
+def _check_vl(q, k, vl_idx, vl_count):
+    if vl_idx.ndim != 3 or vl_idx.shape[:2] != k.shape[:2] or vl_count.shape != (q.shape[0],):
+        raise ValueError(f"vl_idx must be [B, Hkv, K] and vl_count [B]; got {vl_idx.shape}, {vl_count.shape}")
+
+
 def prefill_attention(q, k, v, lengths, vl_idx, vl_count, config: HyQuantConfig, interpret: bool = False,
                       scale: float | None = None, *, pv_format: str = "bf16", block_q: int | None = None,
                       block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None):
@@ -238,8 +243,7 @@ def prefill_attention(q, k, v, lengths, vl_idx, vl_count, config: HyQuantConfig,
     _check(q, k, v, lengths)
     if pv_format not in PV_FORMATS:
         raise ValueError(f"pv_format must be one of {PV_FORMATS}, got {pv_format!r}")
-    if vl_idx.ndim != 3 or vl_idx.shape[:2] != k.shape[:2] or vl_count.shape != (q.shape[0],):
-        raise ValueError(f"vl_idx must be [B, Hkv, K] and vl_count [B]; got {vl_idx.shape}, {vl_count.shape}")
+    _check_vl(q, k, vl_idx, vl_count)
     bq, bk, nw, ns = _resolve(config, q.shape[-1], block_q, block_k, num_warps, num_stages)
     return _prefill(q, k, v, lengths, vl_idx.astype(jnp.int32), vl_count.astype(jnp.int32), config=config,
                     interpret=interpret, scale=scale, uniform=False, qk_format=config.prefill_qk,
@@ -300,8 +304,7 @@ def prefill_attention_mgpu(q, k, v, lengths, vl_idx, vl_count, config: HyQuantCo
         problems.append(f"head_dim in {_mgpu.HEAD_DIMS} (got {q.shape[-1]})")
     if problems:
         raise ValueError("the Mosaic GPU prefill kernel needs " + "; ".join(problems))
-    if vl_idx.ndim != 3 or vl_idx.shape[:2] != k.shape[:2] or vl_count.shape != (q.shape[0],):
-        raise ValueError(f"vl_idx must be [B, Hkv, K] and vl_count [B]; got {vl_idx.shape}, {vl_count.shape}")
+    _check_vl(q, k, vl_idx, vl_count)
     return _prefill_mgpu(q, k, v, lengths, vl_idx.astype(jnp.int32), vl_count.astype(jnp.int32), config=config,
                          interpret=interpret, scale=scale, compute_wgs=compute_wgs, block_kv=block_kv,
                          stages=stages, pingpong=pingpong)

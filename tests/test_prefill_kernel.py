@@ -195,6 +195,12 @@ def test_attention_dispatch_interpret():
     check_output(out, np.asarray(out_ref, np.float32), lengths, TOL)
 
 
+def poison_padding(q, k, v, lengths):
+    """q, k, v [B, H, T, D] with NaN (q, v) and inf (k) at the positions >= lengths."""
+    pad = (jnp.arange(q.shape[2])[None, :] >= lengths[:, None])[:, None, :, None]
+    return (jnp.where(pad, jnp.asarray(bad, x.dtype), x) for x, bad in ((q, jnp.nan), (k, jnp.inf), (v, jnp.nan)))
+
+
 def test_padding_garbage_never_leaks():
     """NaN/inf in q, k, v beyond `lengths` must not reach any valid row (and padded rows stay 0)."""
     config = _cfg(window=64, prefill_block=32, rho=0.1)
@@ -202,8 +208,7 @@ def test_padding_garbage_never_leaks():
     lengths = jnp.asarray([200, 137], jnp.int32)
     vl_idx, vl_count = vti_vl(q, k, lengths, config)
     ref = reference.hybrid_prefill_attention_reference(q, k, v, lengths, vl_idx, vl_count, config)
-    pad = (jnp.arange(200)[None, :] >= lengths[:, None])[:, None, :, None]
-    q, k, v = (jnp.where(pad, jnp.asarray(bad, x.dtype), x) for x, bad in ((q, jnp.nan), (k, jnp.inf), (v, jnp.nan)))
+    q, k, v = poison_padding(q, k, v, lengths)
     out = pk.prefill_attention(q, k, v, lengths, vl_idx, vl_count, config, interpret=True, block_k=32)
     check_output(out, ref, lengths, TOL)
 

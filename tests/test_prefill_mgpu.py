@@ -20,7 +20,8 @@ from hyquant_jax import prefill_kernel as pk
 from hyquant_jax import reference
 from hyquant_jax.config import HyQuantConfig
 from pallas_kernels.prefill_mgpu import hybrid_prefill_mgpu
-from tests.test_prefill_kernel import TOL, check_output, make_inputs, random_vl, rel_err, run_against_reference, vti_vl
+from tests.test_prefill_kernel import (TOL, check_output, make_inputs, poison_padding, random_vl, rel_err,
+                                       run_against_reference, vti_vl)
 
 
 def _cfg(**kw):
@@ -81,8 +82,7 @@ def test_padding_garbage_never_leaks():
     lengths = jnp.asarray([150, 70], jnp.int32)
     vl_idx, vl_count = vti_vl(q, k, lengths, config)
     ref = reference.hybrid_prefill_attention_reference(q, k, v, lengths, vl_idx, vl_count, config)
-    pad = (jnp.arange(150)[None, :] >= lengths[:, None])[:, None, :, None]
-    q, k, v = (jnp.where(pad, jnp.asarray(bad, x.dtype), x) for x, bad in ((q, jnp.nan), (k, jnp.inf), (v, jnp.nan)))
+    q, k, v = poison_padding(q, k, v, lengths)
     out = pk.prefill_attention_mgpu(q, k, v, lengths, vl_idx, vl_count, config, interpret=True)
     check_output(out, ref, lengths, TOL)
 
