@@ -49,7 +49,7 @@ def _swizzled(dtype, cols: int):
 def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref, kvl_ref, vvl_ref, k_ref, v_ref,
             o_ref, q_s, qq_s, qrow_s, qbias_s, meta_s, kq_s, ks_s, k_s, v_s, p_s, setup_bar, full_bars,
             free_bars, turn_bar, *, group: int, num_ctas: int, compute_wgs: int, block_kv: int, stages: int,
-            pingpong: bool, exact_factor: float, interpret: bool):
+            pingpong: bool, skip_masks: bool, exact_factor: float, interpret: bool):
     head, c, b = lax.axis_index("heads"), lax.axis_index("q_blocks"), lax.axis_index("batch")
     cw, bk = compute_wgs, block_kv
     base = (num_ctas - 1 - c) * (BLOCK * cw)  # first query row of this CTA; the longest (last) blocks first
@@ -146,22 +146,26 @@ def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref
 
         return pl.run_scoped(f, plgpu.ACC((BLOCK, v_s.shape[-1]), jnp.float32))
 
-    def consume(kind, j, step, w, carry):
-        """Wait for step `step`'s slot; fold its keys into row block w's online softmax (base 2) and P.V."""
+    def consume(kind, j, step, w, carry, masked):
+        """Wait for step `step`'s slot; fold its keys into row block w's online softmax (base 2) and P.V.
+
+        masked=False: every key of the step is valid for every row (no mask computed)."""
         acc, m, l = carry
         slot = step % stages
         plgpu.barrier_wait(full_bars.at[slot])
         logits = logits_of(kind, slot, w)
-        cols = j * bk + plgpu.broadcasted_iota(jnp.int32, (BLOCK, bk), 1, layout=plgpu.Layout.WGMMA)
-        if kind == "quant":
-            valid = cols < nq
-        elif kind == "vl":
-            valid = cols < nvl
-        else:
-            key = band_first + cols
-            rows = base + w * BLOCK + plgpu.broadcasted_iota(jnp.int32, (BLOCK, bk), 0, layout=plgpu.Layout.WGMMA)
-            valid = (key >= band_start) & (key <= rows) & (key < length)
-        logits = jnp.where(valid, logits, -jnp.inf)
+        if masked:
+            cols = j * bk + plgpu.broadcasted_iota(jnp.int32, (BLOCK, bk), 1, layout=plgpu.Layout.WGMMA)
+            if kind == "quant":
+                valid = cols < nq
+            elif kind == "vl":
+                valid = cols < nvl
+            else:
+                key = band_first + cols
+                rows = base + w * BLOCK + plgpu.broadcasted_iota(jnp.int32, (BLOCK, bk), 0,
+                                                                 layout=plgpu.Layout.WGMMA)
+                valid = (key >= band_start) & (key <= rows) & (key < length)
+            logits = jnp.where(valid, logits, -jnp.inf)
         m_new = jnp.maximum(m, logits.max(axis=1))
         alpha = jnp.exp2(m - m_new)
         p = jnp.exp2(logits - lax.broadcast_in_dim(m_new, (BLOCK, bk), [0]))
@@ -182,12 +186,26 @@ def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref
         if pingpong and w == 1:
             take_turn()
         for kind, first, count in segments:
-            def body(j, carry, kind=kind, first=first):
-                if not specialized:
-                    issue(kind, j, first + j)
-                return consume(kind, j, first + j, w, carry)
+            # Steps whose keys are all valid for every row of the CTA skip the mask: the full quantized and
+            # VL steps, and band steps wholly after band_start and before both the CTA's first row and
+            # the length. The rest (partial last steps, the band's first step, the diagonal) are masked.
+            if kind == "quant":
+                ranges = ((0, nq // bk, False), (nq // bk, count, True))
+            elif kind == "vl":
+                ranges = ((0, nvl // bk, False), (nvl // bk, count, True))
+            else:
+                lo = jnp.minimum((band_start - band_first + bk - 1) // bk, count)
+                hi = jnp.clip((jnp.minimum(base, length) - band_first) // bk, lo, count)
+                ranges = ((0, lo, True), (lo, hi, False), (hi, count, True))
+            if not skip_masks:
+                ranges = ((0, count, True),)
+            for start, stop, masked in ranges:
+                def body(j, carry, kind=kind, first=first, masked=masked):
+                    if not specialized:
+                        issue(kind, j, first + j)
+                    return consume(kind, j, first + j, w, carry, masked)
 
-            carry = lax.fori_loop(0, count, body, carry)
+                carry = lax.fori_loop(start, stop, body, carry)
         if pingpong and w == 0:
             take_turn()
         acc, _, l = carry
@@ -237,10 +255,11 @@ def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref
                 pl.when(wg == w)(functools.partial(rows_of, w))
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "compute_wgs", "block_kv", "stages", "pingpong", "interpret"))
+@functools.partial(jax.jit, static_argnames=("scale", "compute_wgs", "block_kv", "stages", "pingpong",
+                                             "approx_math", "skip_masks", "interpret"))
 def hybrid_prefill_mgpu(meta, q, qq, qrow, qbias, kq, ks, vq, vsc, kvl, vvl, k, v, *, scale: float,
                         compute_wgs: int = 1, block_kv: int = BLOCK, stages: int = 2, pingpong: bool = False,
-                        interpret: bool = False):
+                        approx_math: bool = False, skip_masks: bool = True, interpret: bool = False):
     """Run the kernel on arguments prepared by `hyquant_jax.prefill_kernel._prepare` (block_q 64,
     block_k = block_kv; INT8 Q.K, bf16 P.V; `vsc` is unused and accepted for the same argument order).
 
@@ -251,6 +270,8 @@ def hybrid_prefill_mgpu(meta, q, qq, qrow, qbias, kq, ks, vq, vsc, kvl, vvl, k, 
     key stream: their meta must agree on (nq, nvl, band_start), i.e. prefill_block a multiple of
     64 * compute_wgs. `stages` key steps of `block_kv` keys are in SMEM at once. With two compute warpgroups
     `pingpong` makes them alternate at the tensor cores (measured ~2% slower on the H200, hence off).
+    `approx_math`: fast approximate exp2 and division (Mosaic GPU's compiler option). `skip_masks`: steps
+    whose keys are all valid for every row skip the mask (False masks every step, as before).
     Returns bf16 [B, Hq, Tp, D]; rows at positions >= length are 0.
     """
     del vsc
@@ -275,7 +296,8 @@ def hybrid_prefill_mgpu(meta, q, qq, qrow, qbias, kq, ks, vq, vsc, kvl, vvl, k, 
     swizzled = (lambda dtype, cols: ()) if interpret else _swizzled
     kernel = plgpu.kernel(
         functools.partial(_kernel, group=hq // hkv, num_ctas=tp // (BLOCK * cw), compute_wgs=cw,
-                          block_kv=block_kv, stages=stages, pingpong=pingpong, exact_factor=float(scale) * LOG2E,
+                          block_kv=block_kv, stages=stages, pingpong=pingpong, skip_masks=skip_masks,
+                          exact_factor=float(scale) * LOG2E,
                           interpret=interpret),
         out_type=jax.ShapeDtypeStruct((b, hq, tp, d), bf16),
         grid=(hq, tp // (BLOCK * cw), b),
@@ -298,6 +320,7 @@ def hybrid_prefill_mgpu(meta, q, qq, qrow, qbias, kq, ks, vq, vsc, kvl, vvl, k, 
             plgpu.Barrier(num_arrivals=cw, num_barriers=stages),
             plgpu.Barrier(num_arrivals=cw),  # ping-pong turns
         ],
+        compiler_params=plgpu.CompilerParams(approx_math=approx_math),
         interpret=plgpu.InterpretGPUParams() if interpret else False,
     )
     return kernel(meta, q, qq, qrow, qbias, kq, ks, vq, kvl, vvl, k, v)

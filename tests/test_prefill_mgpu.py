@@ -45,6 +45,10 @@ CPU_CASES = [
     ("two_row_blocks_kv128", (2, 4, 2, 300, 64), [300, 70], _cfg(window=128, prefill_block=128, rho=0.1), "vti",
      dict(compute_wgs=2, block_kv=128)),
     ("kv128_band_half_step", (1, 2, 1, 200, 128), [200], _cfg(window=64, rho=0.1), "random", dict(block_kv=128)),
+    ("every_step_masked", (2, 4, 2, 300, 64), [300, 70], _cfg(window=128, prefill_block=128, rho=0.1), "vti",
+     dict(compute_wgs=2, block_kv=128, skip_masks=False)),
+    ("long_band_unmasked_steps", (1, 2, 1, 700, 64), [650], _cfg(window=512, prefill_block=128, rho=0.05), "vti",
+     dict(compute_wgs=2, block_kv=64)),
 ]
 
 
@@ -127,7 +131,9 @@ def test_mosaic_backend_dispatch(monkeypatch, prefill_block):
 @pytest.mark.parametrize("d,kernel", [(128, dict(stages=2)), (128, dict(stages=3)), (64, dict(stages=2)),
                                       (128, dict(compute_wgs=2, block_kv=128)),
                                       (128, dict(compute_wgs=2, block_kv=64, stages=3)),
-                                      (128, dict(compute_wgs=2, block_kv=128, pingpong=True))])
+                                      (128, dict(compute_wgs=2, block_kv=128, pingpong=True)),
+                                      (128, dict(compute_wgs=2, block_kv=128, approx_math=True)),
+                                      (128, dict(compute_wgs=2, block_kv=128, skip_masks=False))])
 def test_lowers_for_cuda(d, kernel):
     """Qwen3-8B heads at 4K tokens (64 query blocks, 205 VL slots), lowered on CPU for the H200."""
     b, hq, hkv, tp, kp = 1, 32, 8, 4096, 256
@@ -157,6 +163,12 @@ GPU_CASES = [
     ("one_wg_kv128", (1, 8, 8, 1500, 128), [1437], _cfg(window=64, rho=0.05), "random", dict(block_kv=128)),
     ("two_wgs_no_pingpong", (2, 32, 8, 1000, 128), [1000, 613], _cfg(window=128, prefill_block=128, rho=0.05),
      "vti", dict(pingpong=False, **TWO_WGS)),
+    ("two_wgs_approx_math", (2, 32, 8, 1000, 128), [1000, 613], _cfg(window=128, prefill_block=128, rho=0.05),
+     "vti", dict(approx_math=True, **TWO_WGS)),
+    ("two_wgs_every_step_masked", (1, 32, 8, 4096, 128), [4096], _cfg(window=128, prefill_block=128, rho=0.05),
+     "vti", dict(skip_masks=False, **TWO_WGS)),
+    ("two_wgs_long_band", (1, 8, 8, 3000, 128), [2900], _cfg(window=1024, prefill_block=128, rho=0.05), "vti",
+     TWO_WGS),
 ]
 
 
