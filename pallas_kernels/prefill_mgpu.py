@@ -108,7 +108,8 @@ def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref
             plgpu.copy_gmem_to_smem(ks_ref.at[b, kvh, pl.ds(0, bk)], ks_s.at[slot], bar)  # keeps COPIES
             plgpu.copy_gmem_to_smem(src_v.at[b, kvh, pl.ds(t0, bk)], v_s.at[slot], bar)
 
-    def logits_of(kind, slot, w):
+    def logits_of(kind, slot, w, rowvec):
+        """rowvec: (qrow, qbias) of row block w, loaded once per block (used by quantized steps)."""
         if kind == "quant":
             def f(acc):
                 plgpu.wgmma(acc, qq_s.at[w], kq_s.at[slot].T)
@@ -117,8 +118,7 @@ def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref
                 return acc[...]
 
             dots = pl.run_scoped(f, plgpu.ACC((BLOCK, bk), jnp.int32)).astype(jnp.float32)
-            qrow = plgpu.load(qrow_s.at[w], layout=plgpu.Layout.WGMMA.reduce(1))
-            qbias = plgpu.load(qbias_s.at[w], layout=plgpu.Layout.WGMMA.reduce(1))
+            qrow, qbias = rowvec
             ks = plgpu.load(ks_s.at[slot], layout=plgpu.Layout.WGMMA.reduce(0))
             return (dots * lax.broadcast_in_dim(qrow, (BLOCK, bk), [0])
                     * lax.broadcast_in_dim(ks, (BLOCK, bk), [1])
@@ -146,14 +146,14 @@ def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref
 
         return pl.run_scoped(f, plgpu.ACC((BLOCK, v_s.shape[-1]), jnp.float32))
 
-    def consume(kind, j, step, w, carry, masked):
+    def consume(kind, j, step, w, carry, masked, rowvec):
         """Wait for step `step`'s slot; fold its keys into row block w's online softmax (base 2) and P.V.
 
         masked=False: every key of the step is valid for every row (no mask computed)."""
         acc, m, l = carry
         slot = step % stages
         plgpu.barrier_wait(full_bars.at[slot])
-        logits = logits_of(kind, slot, w)
+        logits = logits_of(kind, slot, w, rowvec)
         if masked:
             cols = j * bk + plgpu.broadcasted_iota(jnp.int32, (BLOCK, bk), 1, layout=plgpu.Layout.WGMMA)
             if kind == "quant":
@@ -183,6 +183,8 @@ def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref
         carry = (plgpu.layout_cast(jnp.zeros((BLOCK, d), jnp.float32), plgpu.Layout.WGMMA),
                  plgpu.layout_cast(jnp.full((BLOCK,), M_INIT, jnp.float32), plgpu.Layout.WGMMA.reduce(1)),
                  plgpu.layout_cast(jnp.zeros((BLOCK,), jnp.float32), plgpu.Layout.WGMMA.reduce(1)))
+        rowvec = (plgpu.load(qrow_s.at[w], layout=plgpu.Layout.WGMMA.reduce(1)),
+                  plgpu.load(qbias_s.at[w], layout=plgpu.Layout.WGMMA.reduce(1)))
         if pingpong and w == 1:
             take_turn()
         for kind, first, count in segments:
@@ -203,7 +205,7 @@ def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref
                 def body(j, carry, kind=kind, first=first, masked=masked):
                     if not specialized:
                         issue(kind, j, first + j)
-                    return consume(kind, j, first + j, w, carry, masked)
+                    return consume(kind, j, first + j, w, carry, masked, rowvec)
 
                 carry = lax.fori_loop(start, stop, body, carry)
         if pingpong and w == 0:
