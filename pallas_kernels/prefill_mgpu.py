@@ -38,6 +38,15 @@ M_INIT = -1e30
 BLOCK = 64  # query rows per CTA (one compute warpgroup, the wgmma M) and keys per step
 HEAD_DIMS = (64, 128)
 COPIES = 3  # bulk copies per step: keys, key scales (dummy for bf16 steps), values
+# int32 -> float32 as an integer add and a float subtract: the bits of 1.5 * 2**23 + x for |x| < 2**22 (INT8 dots
+# over D <= 128 stay below 128**3 = 2**21). The convert instruction runs at a quarter of the float rate.
+MAGIC_BITS = 0x4B400000
+MAGIC = 12582912.0
+
+
+def int32_to_float_magic(x):
+    """int32 array with |x| < 2**22 -> float32, exact, without a convert instruction."""
+    return lax.bitcast_convert_type(x + MAGIC_BITS, jnp.float32) - MAGIC
 
 
 def _swizzled(dtype, cols: int):
@@ -49,7 +58,7 @@ def _swizzled(dtype, cols: int):
 def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref, kvl_ref, vvl_ref, k_ref, v_ref,
             o_ref, q_s, qq_s, qrow_s, qbias_s, meta_s, kq_s, ks_s, k_s, v_s, p_s, setup_bar, full_bars,
             free_bars, turn_bar, *, group: int, num_ctas: int, compute_wgs: int, block_kv: int, stages: int,
-            pingpong: bool, skip_masks: bool, exact_factor: float, interpret: bool):
+            pingpong: bool, skip_masks: bool, magic_convert: bool, exact_factor: float, interpret: bool):
     head, c, b = lax.axis_index("heads"), lax.axis_index("q_blocks"), lax.axis_index("batch")
     cw, bk = compute_wgs, block_kv
     base = (num_ctas - 1 - c) * (BLOCK * cw)  # first query row of this CTA; the longest (last) blocks first
@@ -117,11 +126,14 @@ def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref
                     take_turn()
                 return acc[...]
 
-            dots = pl.run_scoped(f, plgpu.ACC((BLOCK, bk), jnp.int32)).astype(jnp.float32)
+            dots = pl.run_scoped(f, plgpu.ACC((BLOCK, bk), jnp.int32))
+            if magic_convert:
+                dots = int32_to_float_magic(dots)
+            else:
+                dots = dots.astype(jnp.float32)
             qrow, qbias = rowvec
             ks = plgpu.load(ks_s.at[slot], layout=plgpu.Layout.WGMMA.reduce(0))
-            return (dots * lax.broadcast_in_dim(qrow, (BLOCK, bk), [0])
-                    * lax.broadcast_in_dim(ks, (BLOCK, bk), [1])
+            return (dots * lax.broadcast_in_dim(ks, (BLOCK, bk), [1]) * lax.broadcast_in_dim(qrow, (BLOCK, bk), [0])
                     + lax.broadcast_in_dim(qbias, (BLOCK, bk), [0]))
 
         def f(acc):
@@ -258,10 +270,11 @@ def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "compute_wgs", "block_kv", "stages", "pingpong",
-                                             "approx_math", "skip_masks", "interpret"))
+                                             "approx_math", "skip_masks", "magic_convert", "interpret"))
 def hybrid_prefill_mgpu(meta, q, qq, qrow, qbias, kq, ks, vq, vsc, kvl, vvl, k, v, *, scale: float,
                         compute_wgs: int = 1, block_kv: int = BLOCK, stages: int = 2, pingpong: bool = False,
-                        approx_math: bool = False, skip_masks: bool = True, interpret: bool = False):
+                        approx_math: bool = False, skip_masks: bool = True, magic_convert: bool = False,
+                        interpret: bool = False):
     """Run the kernel on arguments prepared by `hyquant_jax.prefill_kernel._prepare` (block_q 64,
     block_k = block_kv; INT8 Q.K, bf16 P.V; `vsc` is unused and accepted for the same argument order).
 
@@ -274,6 +287,8 @@ def hybrid_prefill_mgpu(meta, q, qq, qrow, qbias, kq, ks, vq, vsc, kvl, vvl, k, 
     `pingpong` makes them alternate at the tensor cores (measured ~2% slower on the H200, hence off).
     `approx_math`: fast approximate exp2 and division (Mosaic GPU's compiler option). `skip_masks`: steps
     whose keys are all valid for every row skip the mask (False masks every step, as before).
+    `magic_convert`: the int32 Q.K dots become float32 by an integer add and a float subtract instead of a
+    convert instruction (exact either way).
     Returns bf16 [B, Hq, Tp, D]; rows at positions >= length are 0.
     """
     del vsc
@@ -299,6 +314,7 @@ def hybrid_prefill_mgpu(meta, q, qq, qrow, qbias, kq, ks, vq, vsc, kvl, vvl, k, 
     kernel = plgpu.kernel(
         functools.partial(_kernel, group=hq // hkv, num_ctas=tp // (BLOCK * cw), compute_wgs=cw,
                           block_kv=block_kv, stages=stages, pingpong=pingpong, skip_masks=skip_masks,
+                          magic_convert=magic_convert,
                           exact_factor=float(scale) * LOG2E,
                           interpret=interpret),
         out_type=jax.ShapeDtypeStruct((b, hq, tp, d), bf16),
