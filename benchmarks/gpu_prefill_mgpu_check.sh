@@ -7,7 +7,7 @@ set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=. PYTHONUNBUFFERED=1
-timeout 200 python3 -m pytest -m gpu tests/test_prefill_mgpu.py -q -p no:cacheprovider -rA \
+timeout 270 python3 -m pytest -m gpu tests/test_prefill_mgpu.py -q -p no:cacheprovider -rA \
     > "$OUT/prefill_mgpu_gpu_tests.log" 2>&1
 echo "GPU tests rc=$?"; grep -E "PASSED|FAILED|passed|failed" "$OUT/prefill_mgpu_gpu_tests.log" | tail -15
 timeout 340 python3 benchmarks/prefill_kernel.py --out "$OUT" --name ${NAME:-prefill_mgpu_next_h200} --no-sweep --no-layers \
