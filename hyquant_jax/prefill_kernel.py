@@ -270,20 +270,22 @@ def uniform_prefill_attention(q, k, v, lengths, qk_format: str = "int8", interpr
 
 
 @partial(jax.jit, static_argnames=("config", "interpret", "scale", "compute_wgs", "block_kv", "stages",
-                                   "pingpong"))
+                                   "pingpong", "approx_math", "skip_masks", "magic_convert"))
 def _prefill_mgpu(q, k, v, lengths, vl_idx, vl_count, *, config: HyQuantConfig, interpret, scale, compute_wgs,
-                  block_kv, stages, pingpong):
+                  block_kv, stages, pingpong, approx_math, skip_masks, magic_convert):
     args, scale = _prepare(q, k, v, lengths, vl_idx, vl_count, config=config, scale=scale, uniform=False,
                            qk_format="int8", pv_format="bf16", block_q=_mgpu.BLOCK,
                            block_k=max(block_kv, _mgpu.BLOCK * compute_wgs))
     out = _mgpu.hybrid_prefill_mgpu(*args, scale=scale, compute_wgs=compute_wgs, block_kv=block_kv, stages=stages,
-                                    pingpong=pingpong, interpret=interpret)
+                                    pingpong=pingpong, approx_math=approx_math, skip_masks=skip_masks,
+                                    magic_convert=magic_convert, interpret=interpret)
     return out[:, :, :q.shape[2]].astype(q.dtype)
 
 
 def prefill_attention_mgpu(q, k, v, lengths, vl_idx, vl_count, config: HyQuantConfig, interpret: bool = False,
                            scale: float | None = None, *, compute_wgs: int = 1, block_kv: int = 64,
-                           stages: int = 2, pingpong: bool = False):
+                           stages: int = 2, pingpong: bool = False, approx_math: bool = False,
+                           skip_masks: bool = True, magic_convert: bool = False):
     """`prefill_attention` through the Mosaic GPU kernel (`pallas_kernels.prefill_mgpu`, Hopper only).
 
     Same arguments, result and reference as `prefill_attention`. Scope: INT8 Q.K
@@ -291,7 +293,8 @@ def prefill_attention_mgpu(q, k, v, lengths, vl_idx, vl_count, config: HyQuantCo
     `compute_wgs` (1 or 2) blocks of 64 query rows on one stream of key steps of
     `block_kv` (64 or 128) keys, `stages` of them in shared memory at once;
     `config.prefill_block` must be a multiple of 64 * compute_wgs. `pingpong`: two compute
-    warpgroups take turns at the tensor cores.
+    warpgroups take turns at the tensor cores. `approx_math`, `skip_masks`, `magic_convert`: see
+    `pallas_kernels.prefill_mgpu.hybrid_prefill_mgpu`.
     """
     _check(q, k, v, lengths)
     problems = []
@@ -307,4 +310,5 @@ def prefill_attention_mgpu(q, k, v, lengths, vl_idx, vl_count, config: HyQuantCo
     _check_vl(q, k, vl_idx, vl_count)
     return _prefill_mgpu(q, k, v, lengths, vl_idx.astype(jnp.int32), vl_count.astype(jnp.int32), config=config,
                          interpret=interpret, scale=scale, compute_wgs=compute_wgs, block_kv=block_kv,
-                         stages=stages, pingpong=pingpong)
+                         stages=stages, pingpong=pingpong, approx_math=approx_math, skip_masks=skip_masks,
+                         magic_convert=magic_convert)

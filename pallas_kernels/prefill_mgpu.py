@@ -8,10 +8,11 @@ The same computation and the same prepared arguments as `pallas_kernels.prefill.
   SMEM slots with bulk (TMA) copies: first the quantized segment (INT8 keys of the reordered
   `kq`, their scales `ks`, values `vq`), then the VL segment (`kvl`, `vvl`), then the band and
   diagonal (`k`, `v` in natural order, aligned steps);
-- each compute warpgroup (one per 64-row block, sharing every key step) waits for a slot,
-  computes its logits with one wgmma (INT8 x INT8 -> int32 for quantized keys, bf16 otherwise),
-  masks them, updates one base-2 online softmax and adds P.V with P as the register A operand
-  (bf16), then frees the slot (a slot refills once every compute warpgroup freed it).
+- each compute warpgroup (one per 64-row block, sharing every key step) waits for a slot's keys,
+  computes its logits with one wgmma (INT8 x INT8 -> int32 for quantized keys, bf16 otherwise)
+  and frees the keys, masks the logits where a step is partial, updates one base-2 online softmax,
+  waits for the values and adds P.V in place with P as the register A operand (bf16), then frees
+  the values. Keys and values of a slot refill separately, once every compute warpgroup freed them.
 
 GPU interpret mode (CPU tests) runs one warpgroup that copies and then computes each step in
 turn: the same math and masks, without the hand-off between warpgroups (the GPU tests cover it).
@@ -37,7 +38,16 @@ LOG2E = math.log2(math.e)
 M_INIT = -1e30
 BLOCK = 64  # query rows per compute warpgroup (the wgmma M); also the smallest key step
 HEAD_DIMS = (64, 128)
-COPIES = 3  # bulk copies per step: keys, key scales (dummy for bf16 steps), values
+KEY_COPIES = 2  # bulk copies per step behind a slot's key barrier: keys and key scales (dummy for bf16 steps)
+# int32 -> float32 as an integer add and a float subtract: the bits of 1.5 * 2**23 + x for |x| < 2**22 (INT8 dots
+# over D <= 128 stay below 128**3 = 2**21). The convert instruction runs at a quarter of the float rate.
+MAGIC_BITS = 0x4B400000
+MAGIC = 12582912.0
+
+
+def int32_to_float_magic(x):
+    """int32 array with |x| < 2**22 -> float32, exact, without a convert instruction."""
+    return lax.bitcast_convert_type(x + MAGIC_BITS, jnp.float32) - MAGIC
 
 
 def _swizzled(dtype, cols: int):
@@ -47,9 +57,9 @@ def _swizzled(dtype, cols: int):
 
 
 def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref, kvl_ref, vvl_ref, k_ref, v_ref,
-            o_ref, q_s, qq_s, qrow_s, qbias_s, meta_s, kq_s, ks_s, k_s, v_s, p_s, setup_bar, full_bars,
-            free_bars, turn_bar, *, group: int, num_ctas: int, compute_wgs: int, block_kv: int, stages: int,
-            pingpong: bool, exact_factor: float, interpret: bool):
+            o_ref, q_s, qq_s, qrow_s, qbias_s, meta_s, kq_s, ks_s, k_s, v_s, p_s, setup_bar, k_full, v_full,
+            k_free, v_free, turn_bar, *, group: int, num_ctas: int, compute_wgs: int, block_kv: int, stages: int,
+            pingpong: bool, skip_masks: bool, magic_convert: bool, exact_factor: float, interpret: bool):
     head, c, b = lax.axis_index("heads"), lax.axis_index("q_blocks"), lax.axis_index("batch")
     cw, bk = compute_wgs, block_kv
     base = (num_ctas - 1 - c) * (BLOCK * cw)  # first query row of this CTA; the longest (last) blocks first
@@ -92,23 +102,31 @@ def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref
     segments = (("quant", 0, n_quant), ("vl", n_quant, n_vl), ("band", n_quant + n_vl, n_band))
     n_steps = n_quant + n_vl + n_band
 
-    def issue(kind, j, step):
-        """Start the bulk copies of step `step` (the j-th of its segment) into its slot."""
-        slot = step % stages
-        t0 = j * bk
-        bar = full_bars.at[slot]
+    def issue_keys(kind, j, step):
+        """Start the bulk copies of step `step`'s keys and key scales (the j-th step of its segment)."""
+        slot, t0 = step % stages, j * bk
+        bar = k_full.at[slot]
         if kind == "quant":
             plgpu.copy_gmem_to_smem(kq_ref.at[b, kvh, pl.ds(t0, bk)], kq_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(ks_ref.at[b, kvh, pl.ds(t0, bk)], ks_s.at[slot], bar)
-            plgpu.copy_gmem_to_smem(vq_ref.at[b, kvh, pl.ds(t0, bk)], v_s.at[slot], bar)
         else:
-            src_k, src_v = (kvl_ref, vvl_ref) if kind == "vl" else (k_ref, v_ref)
-            t0 = t0 if kind == "vl" else band_first + t0
-            plgpu.copy_gmem_to_smem(src_k.at[b, kvh, pl.ds(t0, bk)], k_s.at[slot], bar)
-            plgpu.copy_gmem_to_smem(ks_ref.at[b, kvh, pl.ds(0, bk)], ks_s.at[slot], bar)  # keeps COPIES
-            plgpu.copy_gmem_to_smem(src_v.at[b, kvh, pl.ds(t0, bk)], v_s.at[slot], bar)
+            src, t0 = (kvl_ref, t0) if kind == "vl" else (k_ref, band_first + t0)
+            plgpu.copy_gmem_to_smem(src.at[b, kvh, pl.ds(t0, bk)], k_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(ks_ref.at[b, kvh, pl.ds(0, bk)], ks_s.at[slot], bar)  # keeps KEY_COPIES
 
-    def logits_of(kind, slot, w):
+    def issue_values(kind, j, step):
+        """Start the bulk copy of step `step`'s values."""
+        slot, t0 = step % stages, j * bk
+        src, t0 = {"quant": (vq_ref, t0), "vl": (vvl_ref, t0), "band": (v_ref, band_first + t0)}[kind]
+        plgpu.copy_gmem_to_smem(src.at[b, kvh, pl.ds(t0, bk)], v_s.at[slot], v_full.at[slot])
+
+    def logits_of(kind, slot, w, rowvec):
+        """Base-2 logits of a step as t * mul + add per row: (t f32 [64, bk], mul, add).
+
+        Quantized steps: t = dots x key scale, mul = q-scale x softmax factor, add = q.mean bias (rowvec, row
+        vectors loaded once per row block); bf16 steps: t = q.k, mul = softmax factor, add = None. The softmax
+        applies mul and add per row, folded into one multiply-add per logit (mul > 0, so row maxima commute).
+        """
         if kind == "quant":
             def f(acc):
                 plgpu.wgmma(acc, qq_s.at[w], kq_s.at[slot].T)
@@ -116,13 +134,10 @@ def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref
                     take_turn()
                 return acc[...]
 
-            dots = pl.run_scoped(f, plgpu.ACC((BLOCK, bk), jnp.int32)).astype(jnp.float32)
-            qrow = plgpu.load(qrow_s.at[w], layout=plgpu.Layout.WGMMA.reduce(1))
-            qbias = plgpu.load(qbias_s.at[w], layout=plgpu.Layout.WGMMA.reduce(1))
+            dots = pl.run_scoped(f, plgpu.ACC((BLOCK, bk), jnp.int32))
+            dots = int32_to_float_magic(dots) if magic_convert else dots.astype(jnp.float32)
             ks = plgpu.load(ks_s.at[slot], layout=plgpu.Layout.WGMMA.reduce(0))
-            return (dots * lax.broadcast_in_dim(qrow, (BLOCK, bk), [0])
-                    * lax.broadcast_in_dim(ks, (BLOCK, bk), [1])
-                    + lax.broadcast_in_dim(qbias, (BLOCK, bk), [0]))
+            return dots * lax.broadcast_in_dim(ks, (BLOCK, bk), [1]), rowvec[0], rowvec[1]
 
         def f(acc):
             plgpu.wgmma(acc, q_s.at[w], k_s.at[slot].T)
@@ -130,47 +145,67 @@ def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref
                 take_turn()
             return acc[...]
 
-        return pl.run_scoped(f, plgpu.ACC((BLOCK, bk), jnp.float32)) * exact_factor
+        return pl.run_scoped(f, plgpu.ACC((BLOCK, bk), jnp.float32)), exact_factor, None
 
-    def pv(p, slot, w):
-        """P [64, bk] f32 -> P.V [64, D] f32 (P as the register A operand; through SMEM when interpreting)."""
+    def add_pv(acc, p, slot):
+        """acc + P.V: P [64, bk] f32 as the register A operand, accumulated in place into acc [64, D] f32.
+
+        Interpret mode (its wgmma takes SMEM operands only, and no accumulator initialized from registers):
+        P through SMEM into a fresh accumulator, then added."""
         a = p.astype(jnp.bfloat16)
-        if interpret:  # GPU interpret mode's wgmma takes SMEM operands only
+        if interpret:
             p_s[...] = a
             plgpu.commit_smem()
-            a = p_s
 
-        def f(acc):
-            plgpu.wgmma(acc, a, v_s.at[slot])
-            return acc[...]
+            def fresh(acc_ref):
+                plgpu.wgmma(acc_ref, p_s, v_s.at[slot])
+                return acc_ref[...]
 
-        return pl.run_scoped(f, plgpu.ACC((BLOCK, v_s.shape[-1]), jnp.float32))
+            return acc + pl.run_scoped(fresh, plgpu.ACC(acc.shape, jnp.float32))
 
-    def consume(kind, j, step, w, carry):
-        """Wait for step `step`'s slot; fold its keys into row block w's online softmax (base 2) and P.V."""
+        def accumulate(acc_ref):
+            plgpu.wgmma(acc_ref, a, v_s.at[slot])
+
+        return pl.run_state(accumulate)(plgpu.ACC.init(acc))
+
+    def consume(kind, j, step, w, carry, masked, rowvec):
+        """Wait for step `step`'s slot; fold its keys into row block w's online softmax (base 2) and P.V.
+
+        masked=False: every key of the step is valid for every row (no mask computed)."""
         acc, m, l = carry
         slot = step % stages
-        plgpu.barrier_wait(full_bars.at[slot])
-        logits = logits_of(kind, slot, w)
-        cols = j * bk + plgpu.broadcasted_iota(jnp.int32, (BLOCK, bk), 1, layout=plgpu.Layout.WGMMA)
-        if kind == "quant":
-            valid = cols < nq
-        elif kind == "vl":
-            valid = cols < nvl
+        plgpu.barrier_wait(k_full.at[slot])
+        t, mul, add = logits_of(kind, slot, w, rowvec)
+        if specialized:
+            plgpu.barrier_arrive(k_free.at[slot])  # once all compute warpgroups arrive, the slot's keys refill
+        if masked:
+            cols = j * bk + plgpu.broadcasted_iota(jnp.int32, (BLOCK, bk), 1, layout=plgpu.Layout.WGMMA)
+            if kind == "quant":
+                valid = cols < nq
+            elif kind == "vl":
+                valid = cols < nvl
+            else:
+                key = band_first + cols
+                rows = base + w * BLOCK + plgpu.broadcasted_iota(jnp.int32, (BLOCK, bk), 0,
+                                                                 layout=plgpu.Layout.WGMMA)
+                valid = (key >= band_start) & (key <= rows) & (key < length)
+            t = jnp.where(valid, t, -jnp.inf)
+        t_max = t.max(axis=1)
+        rows = functools.partial(lax.broadcast_in_dim, shape=(BLOCK, bk), broadcast_dimensions=[0])
+        if add is None:
+            m_new = jnp.maximum(m, t_max * mul)
+            p = jnp.exp2(t * mul - rows(m_new))
         else:
-            key = band_first + cols
-            rows = base + w * BLOCK + plgpu.broadcasted_iota(jnp.int32, (BLOCK, bk), 0, layout=plgpu.Layout.WGMMA)
-            valid = (key >= band_start) & (key <= rows) & (key < length)
-        logits = jnp.where(valid, logits, -jnp.inf)
-        m_new = jnp.maximum(m, logits.max(axis=1))
+            m_new = jnp.maximum(m, t_max * mul + add)
+            p = jnp.exp2(t * rows(mul) - rows(m_new - add))
         alpha = jnp.exp2(m - m_new)
-        p = jnp.exp2(logits - lax.broadcast_in_dim(m_new, (BLOCK, bk), [0]))
         l = l * alpha + p.sum(axis=1)
         if pingpong:
             take_turn()
-        acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0]) + pv(p, slot, w)
+        plgpu.barrier_wait(v_full.at[slot])
+        acc = add_pv(acc * lax.broadcast_in_dim(alpha, acc.shape, [0]), p, slot)
         if specialized:
-            plgpu.barrier_arrive(free_bars.at[slot])  # once all compute warpgroups arrive, the slot refills
+            plgpu.barrier_arrive(v_free.at[slot])
         return acc, m_new, l
 
     def rows_of(w):
@@ -179,15 +214,32 @@ def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref
         carry = (plgpu.layout_cast(jnp.zeros((BLOCK, d), jnp.float32), plgpu.Layout.WGMMA),
                  plgpu.layout_cast(jnp.full((BLOCK,), M_INIT, jnp.float32), plgpu.Layout.WGMMA.reduce(1)),
                  plgpu.layout_cast(jnp.zeros((BLOCK,), jnp.float32), plgpu.Layout.WGMMA.reduce(1)))
+        rowvec = (plgpu.load(qrow_s.at[w], layout=plgpu.Layout.WGMMA.reduce(1)),
+                  plgpu.load(qbias_s.at[w], layout=plgpu.Layout.WGMMA.reduce(1)))
         if pingpong and w == 1:
             take_turn()
         for kind, first, count in segments:
-            def body(j, carry, kind=kind, first=first):
-                if not specialized:
-                    issue(kind, j, first + j)
-                return consume(kind, j, first + j, w, carry)
+            # Steps whose keys are all valid for every row of the CTA skip the mask: the full quantized and
+            # VL steps, and band steps wholly after band_start and before both the CTA's first row and
+            # the length. The rest (partial last steps, the band's first step, the diagonal) are masked.
+            if kind == "quant":
+                ranges = ((0, nq // bk, False), (nq // bk, count, True))
+            elif kind == "vl":
+                ranges = ((0, nvl // bk, False), (nvl // bk, count, True))
+            else:
+                lo = jnp.minimum((band_start - band_first + bk - 1) // bk, count)
+                hi = jnp.clip((jnp.minimum(base, length) - band_first) // bk, lo, count)
+                ranges = ((0, lo, True), (lo, hi, False), (hi, count, True))
+            if not skip_masks:
+                ranges = ((0, count, True),)
+            for start, stop, masked in ranges:
+                def body(j, carry, kind=kind, first=first, masked=masked):
+                    if not specialized:
+                        issue_keys(kind, j, first + j)
+                        issue_values(kind, j, first + j)
+                    return consume(kind, j, first + j, w, carry, masked, rowvec)
 
-            carry = lax.fori_loop(0, count, body, carry)
+                carry = lax.fori_loop(start, stop, body, carry)
         if pingpong and w == 0:
             take_turn()
         acc, _, l = carry
@@ -213,18 +265,21 @@ def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref
             def body(j, _, kind=kind, first=first):
                 step = first + j
 
-                @pl.when(step >= stages)
-                def _wait_free():  # the compute warpgroups are done with this slot's previous step
-                    plgpu.barrier_wait(free_bars.at[step % stages])
+                # Keys and values of a slot refill separately: the next keys load while this slot's P.V runs.
+                for free, refill in ((k_free, issue_keys), (v_free, issue_values)):
+                    @pl.when(step >= stages)
+                    def _wait_free(free=free):  # the compute warpgroups are done with the slot's previous step
+                        plgpu.barrier_wait(free.at[step % stages])
 
-                issue(kind, j, step)
+                    refill(kind, j, step)
 
             lax.fori_loop(0, count, body, None)
 
         for back in range(stages, 0, -1):  # observe the frees of the last steps too
             @pl.when(n_steps - back >= 0)
             def _drain(back=back):
-                plgpu.barrier_wait(free_bars.at[(n_steps - back) % stages])
+                plgpu.barrier_wait(k_free.at[(n_steps - back) % stages])
+                plgpu.barrier_wait(v_free.at[(n_steps - back) % stages])
 
     @pl.when(wg < memory_wg)
     def _compute():
@@ -237,9 +292,11 @@ def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref
                 pl.when(wg == w)(functools.partial(rows_of, w))
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "compute_wgs", "block_kv", "stages", "pingpong", "interpret"))
+@functools.partial(jax.jit, static_argnames=("scale", "compute_wgs", "block_kv", "stages", "pingpong",
+                                             "approx_math", "skip_masks", "magic_convert", "interpret"))
 def hybrid_prefill_mgpu(meta, q, qq, qrow, qbias, kq, ks, vq, vsc, kvl, vvl, k, v, *, scale: float,
                         compute_wgs: int = 1, block_kv: int = BLOCK, stages: int = 2, pingpong: bool = False,
+                        approx_math: bool = False, skip_masks: bool = True, magic_convert: bool = False,
                         interpret: bool = False):
     """Run the kernel on arguments prepared by `hyquant_jax.prefill_kernel._prepare` (block_q 64,
     block_k = block_kv; INT8 Q.K, bf16 P.V; `vsc` is unused and accepted for the same argument order).
@@ -251,6 +308,10 @@ def hybrid_prefill_mgpu(meta, q, qq, qrow, qbias, kq, ks, vq, vsc, kvl, vvl, k, 
     key stream: their meta must agree on (nq, nvl, band_start), i.e. prefill_block a multiple of
     64 * compute_wgs. `stages` key steps of `block_kv` keys are in SMEM at once. With two compute warpgroups
     `pingpong` makes them alternate at the tensor cores (measured ~2% slower on the H200, hence off).
+    `approx_math`: fast approximate exp2 and division (Mosaic GPU's compiler option). `skip_masks`: steps
+    whose keys are all valid for every row skip the mask (False masks every step, as before).
+    `magic_convert`: the int32 Q.K dots become float32 by an integer add and a float subtract instead of a
+    convert instruction (exact either way).
     Returns bf16 [B, Hq, Tp, D]; rows at positions >= length are 0.
     """
     del vsc
@@ -258,6 +319,8 @@ def hybrid_prefill_mgpu(meta, q, qq, qrow, qbias, kq, ks, vq, vsc, kvl, vvl, k, 
     hkv = k.shape[1]
     if d not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {d}")
+    if not scale > 0:  # the softmax takes row maxima before the per-row factors: they must be positive
+        raise ValueError(f"scale must be > 0, got {scale}")
     if hq % hkv:
         raise ValueError(f"query heads ({hq}) must be a multiple of KV heads ({hkv})")
     if compute_wgs not in (1, 2) or block_kv not in (64, 128) or stages < 2:
@@ -275,7 +338,9 @@ def hybrid_prefill_mgpu(meta, q, qq, qrow, qbias, kq, ks, vq, vsc, kvl, vvl, k, 
     swizzled = (lambda dtype, cols: ()) if interpret else _swizzled
     kernel = plgpu.kernel(
         functools.partial(_kernel, group=hq // hkv, num_ctas=tp // (BLOCK * cw), compute_wgs=cw,
-                          block_kv=block_kv, stages=stages, pingpong=pingpong, exact_factor=float(scale) * LOG2E,
+                          block_kv=block_kv, stages=stages, pingpong=pingpong, skip_masks=skip_masks,
+                          magic_convert=magic_convert,
+                          exact_factor=float(scale) * LOG2E,
                           interpret=interpret),
         out_type=jax.ShapeDtypeStruct((b, hq, tp, d), bf16),
         grid=(hq, tp // (BLOCK * cw), b),
@@ -294,10 +359,13 @@ def hybrid_prefill_mgpu(meta, q, qq, qrow, qbias, kq, ks, vq, vsc, kvl, vvl, k, 
             plgpu.SMEM((stages, block_kv, d), bf16, transforms=swizzled(bf16, d)),
             plgpu.SMEM((BLOCK, block_kv) if interpret else (8, 8), bf16),  # P, interpret mode only
             plgpu.Barrier(num_arrivals=1 + 4 * cw),
-            plgpu.Barrier(num_arrivals=COPIES, num_barriers=stages),
-            plgpu.Barrier(num_arrivals=cw, num_barriers=stages),
+            plgpu.Barrier(num_arrivals=KEY_COPIES, num_barriers=stages),  # keys of a slot landed
+            plgpu.Barrier(num_arrivals=1, num_barriers=stages),  # values of a slot landed
+            plgpu.Barrier(num_arrivals=cw, num_barriers=stages),  # keys of a slot free
+            plgpu.Barrier(num_arrivals=cw, num_barriers=stages),  # values of a slot free
             plgpu.Barrier(num_arrivals=cw),  # ping-pong turns
         ],
+        compiler_params=plgpu.CompilerParams(approx_math=approx_math),
         interpret=plgpu.InterpretGPUParams() if interpret else False,
     )
     return kernel(meta, q, qq, qrow, qbias, kq, ks, vq, kvl, vvl, k, v)

@@ -19,7 +19,7 @@ import pytest
 from hyquant_jax import prefill_kernel as pk
 from hyquant_jax import reference
 from hyquant_jax.config import HyQuantConfig
-from pallas_kernels.prefill_mgpu import hybrid_prefill_mgpu
+from pallas_kernels.prefill_mgpu import hybrid_prefill_mgpu, int32_to_float_magic
 from tests.test_prefill_kernel import (TOL, check_output, make_inputs, poison_padding, random_vl, rel_err,
                                        run_against_reference, vti_vl)
 
@@ -37,6 +37,14 @@ def _run(shape, lengths, config, vl_source, interpret, seed=0, **kernel):
     return run_against_reference(attend, shape, lengths, config, vl_source, seed)
 
 
+def test_int32_to_float_magic_is_exact():
+    """Every INT8 x INT8 dot over D <= 128 (|x| <= 128**3 = 2**21) and the edges of the valid range."""
+    edges = np.array([0, 1, -1, 127 * 127 * 128, -(127 * 127 * 128), 2 ** 21, -(2 ** 21), 2 ** 22 - 1, -(2 ** 22)])
+    x = np.concatenate([edges, np.random.default_rng(0).integers(-(2 ** 22), 2 ** 22, 100_000)]).astype(np.int32)
+    got = np.asarray(jax.jit(int32_to_float_magic)(jnp.asarray(x)))
+    np.testing.assert_array_equal(got, x.astype(np.float32))
+
+
 # name, (B, Hq, Hkv, T, D), lengths, config, VL source, kernel settings
 CPU_CASES = [
     ("gqa_ragged_vti", (2, 4, 2, 200, 64), [200, 137], _cfg(window=64, rho=0.1), "vti", {}),
@@ -47,6 +55,12 @@ CPU_CASES = [
     ("two_row_blocks_kv128", (2, 4, 2, 300, 64), [300, 70], _cfg(window=128, prefill_block=128, rho=0.1), "vti",
      dict(compute_wgs=2, block_kv=128)),
     ("kv128_band_half_step", (1, 2, 1, 200, 128), [200], _cfg(window=64, rho=0.1), "random", dict(block_kv=128)),
+    ("every_step_masked", (2, 4, 2, 300, 64), [300, 70], _cfg(window=128, prefill_block=128, rho=0.1), "vti",
+     dict(compute_wgs=2, block_kv=128, skip_masks=False)),
+    ("long_band_unmasked_steps", (1, 2, 1, 700, 64), [650], _cfg(window=512, prefill_block=128, rho=0.05), "vti",
+     dict(compute_wgs=2, block_kv=64)),
+    ("magic_int_convert", (2, 4, 2, 300, 128), [300, 70], _cfg(window=128, prefill_block=128, rho=0.1), "vti",
+     dict(compute_wgs=2, block_kv=128, magic_convert=True)),
 ]
 
 
@@ -128,7 +142,11 @@ def test_mosaic_backend_dispatch(monkeypatch, prefill_block):
 @pytest.mark.parametrize("d,kernel", [(128, dict(stages=2)), (128, dict(stages=3)), (64, dict(stages=2)),
                                       (128, dict(compute_wgs=2, block_kv=128)),
                                       (128, dict(compute_wgs=2, block_kv=64, stages=3)),
-                                      (128, dict(compute_wgs=2, block_kv=128, pingpong=True))])
+                                      (128, dict(compute_wgs=2, block_kv=128, pingpong=True)),
+                                      (128, dict(compute_wgs=2, block_kv=128, approx_math=True)),
+                                      (128, dict(compute_wgs=2, block_kv=128, skip_masks=False)),
+                                      (128, dict(compute_wgs=2, block_kv=128, magic_convert=True,
+                                                 approx_math=True))])
 def test_lowers_for_cuda(d, kernel):
     """Qwen3-8B heads at 4K tokens (64 query blocks, 205 VL slots), lowered on CPU for the H200."""
     b, hq, hkv, tp, kp = 1, 32, 8, 4096, 256
@@ -158,6 +176,16 @@ GPU_CASES = [
     ("one_wg_kv128", (1, 8, 8, 1500, 128), [1437], _cfg(window=64, rho=0.05), "random", dict(block_kv=128)),
     ("two_wgs_no_pingpong", (2, 32, 8, 1000, 128), [1000, 613], _cfg(window=128, prefill_block=128, rho=0.05),
      "vti", dict(pingpong=False, **TWO_WGS)),
+    ("two_wgs_approx_math", (2, 32, 8, 1000, 128), [1000, 613], _cfg(window=128, prefill_block=128, rho=0.05),
+     "vti", dict(approx_math=True, **TWO_WGS)),
+    ("two_wgs_every_step_masked", (1, 32, 8, 4096, 128), [4096], _cfg(window=128, prefill_block=128, rho=0.05),
+     "vti", dict(skip_masks=False, **TWO_WGS)),
+    ("two_wgs_long_band", (1, 8, 8, 3000, 128), [2900], _cfg(window=1024, prefill_block=128, rho=0.05), "vti",
+     TWO_WGS),
+    ("two_wgs_magic_convert", (2, 32, 8, 1000, 128), [1000, 613], _cfg(window=128, prefill_block=128, rho=0.05),
+     "vti", dict(magic_convert=True, **TWO_WGS)),
+    ("two_wgs_magic_approx", (1, 32, 8, 4096, 128), [4096], _cfg(window=128, prefill_block=128, rho=0.05),
+     "vti", dict(magic_convert=True, approx_math=True, **TWO_WGS)),
 ]
 
 
