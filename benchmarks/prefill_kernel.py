@@ -20,7 +20,8 @@ queries attend to: the regime where VL tokens matter), B=1, Hq/Hkv=32/8, D=128:
   hybrid_int8_mgpu_2wg_fast     no ping-pong, approx_math and magic_convert
   hybrid_int8_mgpu_2wg_fast_pp  ping-pong, approx_math and magic_convert
   hybrid_int8_mgpu_2wg_kv64 two compute warpgroups, 64-key steps, 3 steps in SMEM
-  hybrid_int8_mgpu_kernel   the Mosaic GPU kernel alone, two warpgroups, 128-key steps, ping-pong (glue excluded)
+  hybrid_int8_mgpu_kernel   the Mosaic GPU kernel alone in the backend="mosaic" setting (glue excluded)
+  hybrid_e2e_mosaic   hyquant_jax.prefill_attention(backend="mosaic"): VTI + glue + kernel
   hybrid_e2e          hyquant_jax.prefill_attention(backend="pallas"): VTI + glue + kernel
   vti                 tail queries + vertical_token_identification alone
   cudnn_bf16          jax.nn.dot_product_attention(implementation="cudnn", is_causal=True)
@@ -73,6 +74,7 @@ from benchmarks.common import environment  # noqa: E402
 
 from hyquant_jax import prefill_kernel as pk  # noqa: E402
 from hyquant_jax import reference, vti  # noqa: E402
+from hyquant_jax.attention import MOSAIC_PREFILL, prefill_attention  # noqa: E402
 from hyquant_jax.config import HyQuantConfig  # noqa: E402
 from pallas_kernels import prefill_mgpu as mgpu  # noqa: E402
 
@@ -391,7 +393,11 @@ def run_length(t, tuning, mha_tuning, interpret, reps, b, hq, hkv, d, have_cudnn
         methods["hybrid_int8_mgpu_2wg_kv64"] = (mgpu_fn(CONFIG, interpret, compute_wgs=2, block_kv=64, stages=3),
                                                 hyb_args, True)
         methods["hybrid_int8_mgpu_kernel"] = (partial(mgpu.hybrid_prefill_mgpu, scale=scale, interpret=interpret,
-                                                      **two), margs, False)
+                                                      **MOSAIC_PREFILL), margs, False)
+        if not interpret:
+            methods["hybrid_e2e_mosaic"] = (
+                lambda q, k, v, lengths: prefill_attention(q, k, v, lengths, CONFIG, backend="mosaic")[0],
+                (q, k, v, lengths), False)
     if only is not None:
         methods = {name: m for name, m in methods.items() if name in only}
     exact = exact_causal(q, k, v)
@@ -465,16 +471,16 @@ def summarize(results, lengths):
             return r.get(name, {}).get("loop_ms")
 
         row = {}
-        for name in ("hybrid_int8", "hybrid_fp8", "hybrid_int8_pvfp8", "hybrid_fp8_pvfp8", "uniform_int8",
-                     "hybrid_int8_mgpu", "hybrid_int8_mgpu_2wg", "hybrid_int8_mgpu_2wg_nopp",
-                     "hybrid_int8_mgpu_2wg_kv64"):
-            if ms(name):
+        for name in r:
+            if name.startswith(("hybrid", "uniform")) and ms(name):
                 if ms("cudnn_bf16"):
                     row[f"{name}_speedup_vs_cudnn"] = ms("cudnn_bf16") / ms(name)
                 if ms("pallas_mha_bf16"):
                     row[f"{name}_speedup_vs_mha"] = ms("pallas_mha_bf16") / ms(name)
         if ms("vti") and ms("hybrid_int8"):
             row["vti_share_of_prefill"] = ms("vti") / (ms("vti") + ms("hybrid_int8"))
+        if ms("vti") and ms("hybrid_e2e_mosaic"):
+            row["vti_share_of_mosaic_prefill"] = ms("vti") / ms("hybrid_e2e_mosaic")
         if ms("hybrid_int8_kernel") and ms("hybrid_int8"):
             row["glue_share_of_hybrid"] = 1.0 - ms("hybrid_int8_kernel") / ms("hybrid_int8")
         u = r.get("uniform_int8", {}).get("rel_mse")

@@ -20,9 +20,10 @@ from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.vti import tail_queries, tail_query_count, vertical_token_identification
 
 BACKENDS = ("auto", "reference", "pallas", "mosaic", "interpret")
-# The Mosaic GPU prefill setting that was timed (`benchmarks/results/prefill_mgpu_h200.json`): two 64-row
-# compute warpgroups per CTA, 128-key steps, no ping-pong (ping-pong measured ~2% slower).
-MOSAIC_PREFILL = dict(compute_wgs=2, block_kv=128, pingpong=False)
+# The fastest Mosaic GPU prefill setting measured (`benchmarks/results/prefill_mgpu_next_h200_run2.json`,
+# method hybrid_int8_mgpu_2wg_fast_pp): two 64-row compute warpgroups per CTA taking turns at the tensor
+# cores, 128-key steps, approximate exp2, INT8 dots converted by an add and a subtract.
+MOSAIC_PREFILL = dict(compute_wgs=2, block_kv=128, pingpong=True, approx_math=True, magic_convert=True)
 
 
 def resolve_backend(backend: str) -> str:

@@ -18,6 +18,7 @@ import pytest
 
 from hyquant_jax import prefill_kernel as pk
 from hyquant_jax import reference
+from hyquant_jax.attention import MOSAIC_PREFILL
 from hyquant_jax.config import HyQuantConfig
 from pallas_kernels.prefill_mgpu import hybrid_prefill_mgpu, int32_to_float_magic
 from tests.test_prefill_kernel import (TOL, check_output, make_inputs, poison_padding, random_vl, rel_err,
@@ -186,6 +187,8 @@ GPU_CASES = [
      "vti", dict(magic_convert=True, **TWO_WGS)),
     ("two_wgs_magic_approx", (1, 32, 8, 4096, 128), [4096], _cfg(window=128, prefill_block=128, rho=0.05),
      "vti", dict(magic_convert=True, approx_math=True, **TWO_WGS)),
+    ("backend_mosaic_setting_ragged", (3, 32, 8, 2100, 128), [2100, 1337, 129],
+     _cfg(window=256, prefill_block=128, rho=0.05), "vti", MOSAIC_PREFILL),
 ]
 
 
