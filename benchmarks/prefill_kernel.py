@@ -614,21 +614,27 @@ def main(argv=None):
     payload["mha_tuning"] = best_tuning(payload["sweep"], "pallas_mha_bf16", (128, 64, 8, 2))
     if payload["tuning"] != default:
         payload["correctness"] += correctness(interpret, payload["tuning"], small, (small[3], small[3] * 3 // 5))
+    os.makedirs(args.out, exist_ok=True)
+    json_path = os.path.join(args.out, args.name + ".json")
+
+    def save(complete):
+        """Write the JSON so far: a run cut off by a time limit keeps the lengths it finished."""
+        payload["complete"] = complete
+        payload["summary"] = summarize(payload["results"], [t for t in lengths if str(t) in payload["results"]])
+        payload["wall_s"] = time.perf_counter() - t_start
+        with open(json_path, "w") as f:
+            json.dump(payload, f, indent=2, default=str)
+
     payload["results"] = {}
     for t in lengths:
         payload["results"][str(t)] = run_length(t, payload["tuning"], payload["mha_tuning"], interpret, reps, b, hq,
                                                 hkv, d, have_cudnn, only)
+        save(complete=False)
     layer_t = 256 if args.smoke else args.layer_length
     payload["layers"] = ([] if args.no_layers else
                          layer_accuracy(layer_t, payload["tuning"], interpret, b, hq, hkv, d, args.qkv_npz))
-    payload["summary"] = summarize(payload["results"], lengths)
-    payload["wall_s"] = time.perf_counter() - t_start
-
-    os.makedirs(args.out, exist_ok=True)
-    json_path = os.path.join(args.out, args.name + ".json")
+    save(complete=True)
     png_path = os.path.join(args.out, args.name + ".png")
-    with open(json_path, "w") as f:
-        json.dump(payload, f, indent=2, default=str)
     try:
         plot(payload["results"], lengths, payload["layers"], png_path)
     except Exception:  # noqa: BLE001 - the numbers matter more than the picture
