@@ -134,7 +134,7 @@ def test_mosaic_backend_dispatch(monkeypatch, prefill_block):
     lengths = jnp.asarray([600], jnp.int32)
     out, (vl_idx, vl_count) = attention.prefill_attention(q, k, v, lengths, config, backend="mosaic")
     (got_idx, got_count, kw), = calls
-    assert kw == dict(scale=None, compute_wgs=2, block_kv=128, pingpong=False)
+    assert kw == dict(scale=None, compute_wgs=2, block_kv=128, pingpong=True, approx_math=True, magic_convert=True)
     np.testing.assert_array_equal(np.asarray(got_idx), np.asarray(vl_idx))
     np.testing.assert_array_equal(np.asarray(got_count), np.asarray(vl_count))
     assert out.shape == q.shape
