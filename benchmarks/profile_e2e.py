@@ -1,12 +1,16 @@
-"""Where the time of one end-to-end decode step goes: a GPU kernel breakdown from the JAX profiler.
+"""Where the time of one end-to-end decode step (or prefill) goes: a GPU kernel breakdown from the JAX profiler.
 
 Builds the e2e benchmark's model (random weights, `benchmarks/e2e.py`) and
 decode states, runs the jitted decode loop once to compile, then once more
 under `jax.profiler.trace`, and reads the trace's GPU kernel events: per
 kernel name, launches and microseconds per decode step, plus the share of the
-loop's wall time during which no kernel ran (launch gaps). Writes
+loop's wall time during which no kernel ran (launch gaps). `--sections
+prefill` does the same for one whole-prompt prefill (+ Freeze) of B = 1
+prompt: the "per step" fields are then per prefill call. Writes
 OUT/NAME.json. On the GPU box, from the repository root:
   PYTHONPATH=. python benchmarks/profile_e2e.py --out $OUT --methods bf16,hyquant --prefixes 1024,32768
+  PYTHONPATH=. python benchmarks/profile_e2e.py --out $OUT --sections prefill --prefixes 4096 \
+      --prefill-backend mosaic --prefill-block 128
 """
 
 from __future__ import annotations
@@ -95,8 +99,31 @@ def profile_config(args, params, config, attention, method, prefix, batch) -> di
         events = kernel_events(tmp)
     steps = int(n)
     del states
-    return dict(method=method, prefix=prefix, batch=batch, steps=steps, wall_ms_per_step=1e3 * wall / steps,
+    return dict(section="decode", method=method, prefix=prefix, batch=batch, steps=steps,
+                wall_ms_per_step=1e3 * wall / steps,
                 **breakdown(events, steps, args.top), lengths=np.asarray(lengths).tolist())
+
+
+def profile_prefill(args, params, config, attention, method, prefix) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    from hyquant_jax import SamplingConfig
+    from hyquant_jax.generate import prefill
+
+    tokens = jax.random.randint(jax.random.PRNGKey(3), (1, prefix), 0, config.vocab_size, jnp.int32)
+    lengths = jnp.full((1,), prefix, jnp.int32)
+    static = dict(config=config, attention=attention, sampling=SamplingConfig(), chunk=prefix, max_len=prefix + 8)
+    compiled = prefill.lower(params, tokens, lengths, jax.random.PRNGKey(0), **static).compile()
+    jax.block_until_ready(compiled(params, tokens, lengths, jax.random.PRNGKey(0)))
+    with tempfile.TemporaryDirectory() as tmp:
+        with jax.profiler.trace(tmp):
+            t0 = time.perf_counter()
+            jax.block_until_ready(compiled(params, tokens, lengths, jax.random.PRNGKey(1)))
+            wall = time.perf_counter() - t0
+        events = kernel_events(tmp)
+    return dict(section="prefill", method=method, prefix=prefix, batch=1, steps=1, wall_ms_per_step=1e3 * wall,
+                **breakdown(events, 1, args.top))
 
 
 def main():
@@ -110,21 +137,36 @@ def main():
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--top", type=int, default=25, help="kernels listed per config")
+    p.add_argument("--sections", default="decode", help="decode and/or prefill, comma-separated")
+    p.add_argument("--prefill-backend", default="auto", help="as in e2e.py")
+    p.add_argument("--prefill-block", type=int, default=64, help="as in e2e.py")
+    p.add_argument("--smoke", action="store_true", help="e2e.py's tiny model (a CPU check of the script)")
     args = p.parse_args()
     import jax
     import jax.numpy as jnp
 
     from models import init_params
 
-    e2e_args = e2e.parse_args(["--model", args.model, "--sections", "b1"]
-                              + (["--layers", str(args.layers)] if args.layers else []))
+    e2e_args = e2e.parse_args(["--model", args.model, "--sections", "b1", "--prefill-backend", args.prefill_backend,
+                               "--prefill-block", str(args.prefill_block)]
+                              + (["--layers", str(args.layers)] if args.layers else [])
+                              + (["--smoke"] if args.smoke else []))
     config = e2e._model(e2e_args)
     params = init_params(jax.random.PRNGKey(0), config, jnp.bfloat16)
     results = {"environment": {"jax": jax.__version__, "device": jax.devices()[0].device_kind,
                                "command": " ".join(sys.argv)}, "model": args.model, "configs": []}
+    sections = args.sections.split(",")
     for method in args.methods.split(","):
         attention, _ = e2e._attention(e2e_args, method)
-        for batch in e2e._ints(args.batches):
+        if "prefill" in sections:
+            for prefix in e2e._ints(args.prefixes):
+                row = profile_prefill(args, params, config, attention, method, prefix)
+                results["configs"].append(row)
+                print(f"== prefill {method} {prefix}: wall {row['wall_ms_per_step']:.2f} ms, kernels "
+                      f"{row['kernel_us_per_step'] / 1e3:.2f} ms ({row['kernels_per_step']:.0f} launches)", flush=True)
+                for k in row["top"][:20]:
+                    print(f"   {k['us_per_step']:8.1f} us  x{k['launches_per_step']:5.1f}  {k['name'][:90]}")
+        for batch in (e2e._ints(args.batches) if "decode" in sections else []):
             for prefix in e2e._ints(args.prefixes):
                 row = profile_config(args, params, config, attention, method, prefix, batch)
                 results["configs"].append(row)
