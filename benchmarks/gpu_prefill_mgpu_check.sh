@@ -1,8 +1,8 @@
 #!/bin/bash
-# One GPU call for branch prefill-mgpu-next: the Mosaic prefill kernel's GPU tests, then the benchmark that
-# compares skipping masks on full steps and approx_math against the current setting (same run).
-# Run on the GPU box from the repository root:  bash benchmarks/gpu_prefill_mgpu_check.sh
-# Writes under $OUT (default /tmp/out): prefill_mgpu_gpu_tests.log, prefill_mgpu_next_h200.{json,log,png}.
+# One GPU call: the Mosaic prefill kernel's GPU tests, then the prefill benchmark of the kernel settings in
+# $METHODS against cuDNN (same run). Run on the GPU box from the repository root:
+#   [METHODS=...] [NAME=...] bash benchmarks/gpu_prefill_mgpu_check.sh
+# Writes under $OUT (default /tmp/out): prefill_mgpu_gpu_tests.log, $NAME.{json,log,png}.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

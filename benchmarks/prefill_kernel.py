@@ -15,10 +15,10 @@ queries attend to: the regime where VL tokens matter), B=1, Hq/Hkv=32/8, D=128:
   hybrid_int8_mgpu_2wg      two compute warpgroups (128 rows) sharing 128-key steps, taking turns (ping-pong)
   hybrid_int8_mgpu_2wg_nopp the same without ping-pong
   hybrid_int8_mgpu_2wg_masked   no ping-pong, a mask on every key step (not only the partial ones)
-  hybrid_int8_mgpu_2wg_approx   no ping-pong, approximate exp2 and division (approx_math)
+  hybrid_int8_mgpu_2wg_approx   no ping-pong, approximate exp2 (approx_math)
   hybrid_int8_mgpu_2wg_magic    no ping-pong, int32 Q.K dots to float by an add and a subtract (magic_convert)
   hybrid_int8_mgpu_2wg_fast     no ping-pong, approx_math and magic_convert
-  hybrid_int8_mgpu_2wg_fast_pp  ping-pong, approx_math and magic_convert
+  hybrid_int8_mgpu_2wg_fast_pp  ping-pong, approx_math and magic_convert: the backend="mosaic" setting
   hybrid_int8_mgpu_2wg_kv64 two compute warpgroups, 64-key steps, 3 steps in SMEM
   hybrid_int8_mgpu_kernel   the Mosaic GPU kernel alone in the backend="mosaic" setting (glue excluded)
   hybrid_e2e_mosaic   hyquant_jax.prefill_attention(backend="mosaic"): VTI + glue + kernel
@@ -387,9 +387,7 @@ def run_length(t, tuning, mha_tuning, interpret, reps, b, hq, hkv, d, have_cudnn
         methods["hybrid_int8_mgpu_2wg_fast"] = (
             mgpu_fn(CONFIG, interpret, **dict(two, pingpong=False, approx_math=True, magic_convert=True)),
             hyb_args, True)
-        methods["hybrid_int8_mgpu_2wg_fast_pp"] = (
-            mgpu_fn(CONFIG, interpret, **dict(two, pingpong=True, approx_math=True, magic_convert=True)),
-            hyb_args, True)
+        methods["hybrid_int8_mgpu_2wg_fast_pp"] = (mgpu_fn(CONFIG, interpret, **MOSAIC_PREFILL), hyb_args, True)
         methods["hybrid_int8_mgpu_2wg_kv64"] = (mgpu_fn(CONFIG, interpret, compute_wgs=2, block_kv=64, stages=3),
                                                 hyb_args, True)
         methods["hybrid_int8_mgpu_kernel"] = (partial(mgpu.hybrid_prefill_mgpu, scale=scale, interpret=interpret,
