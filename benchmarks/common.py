@@ -33,11 +33,11 @@ def sm_count(default: int = 132) -> int:
     return int(getattr(jax.devices()[0], "core_count", 0) or default)
 
 
-def time_in_loop(fn, q, operands, iters: int, reps: int = 5) -> float:
-    """Median seconds per call of fn(q, *operands) inside a jitted fori_loop.
+def jitted_loop(fn, iters: int):
+    """jit(loop(q, operands)): `iters` calls of fn(q, *operands) in a fori_loop.
 
     Each iteration's query depends on the previous output, so XLA can neither
-    hoist nor overlap the calls; dispatch gaps are excluded.
+    hoist nor overlap the calls.
     """
 
     @jax.jit
@@ -48,6 +48,12 @@ def time_in_loop(fn, q, operands, iters: int, reps: int = 5) -> float:
 
         return lax.fori_loop(0, iters, body, q)
 
+    return loop
+
+
+def time_in_loop(fn, q, operands, iters: int, reps: int = 5) -> float:
+    """Median seconds per call of fn(q, *operands) inside `jitted_loop` (dispatch gaps are excluded)."""
+    loop = jitted_loop(fn, iters)
     loop(q, operands).block_until_ready()
     times = []
     for _ in range(reps):

@@ -1,25 +1,90 @@
-"""Run the hybrid decode kernel a few times on one shape, for a profiler (ncu) to capture.
+"""Profile the hybrid decode call on the GPU: a kernel breakdown from the JAX profiler, or launches for ncu.
 
-  PYTHONPATH=. ncu --clock-control none -k regex:hyquant_decode --launch-skip 2 --launch-count 1 \
+--trace: for each selected case of `benchmarks/decode_kernel.py`, the hybrid
+decode and the bf16 baselines (XLA, cuDNN) run in the benchmark's jitted loop
+(`common.jitted_loop`) once to compile and once under `jax.profiler.trace`;
+per kernel name it reports launches and microseconds per decode call, plus the
+share of the loop's span during which no kernel ran (launch gaps). It answers
+where the fixed ~10 us of a short-context hybrid decode call goes (kernel,
+merge, the XLA work around them, gaps). Writes OUT/NAME.json:
+  PYTHONPATH=. python benchmarks/profile_decode.py --trace "B1 1K,B1 4K,B1 32K,smollm2" --out $OUT
+
+Without --trace it only runs the decode kernel a few times on one shape, for ncu to capture:
+  PYTHONPATH=. ncu --clock-control none -k regex:hyquant_decode --launch-skip 2 --launch-count 1 \\
       --section SpeedOfLight ... python benchmarks/profile_decode.py --batch 16 --context 32768
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
+import tempfile
+import time
 
 import jax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.decode_kernel import CONFIG, make_inputs  # noqa: E402
-from hyquant_jax.decode_kernel import DecodeTuning, decode_attention  # noqa: E402
+from benchmarks.common import environment, jitted_loop, sm_count, write_json  # noqa: E402
+from benchmarks.decode_kernel import (  # noqa: E402
+    CASES, CONFIG, INTERPRET, SMOKE_CASES, cudnn_attention, hybrid_fn, make_inputs, xla_attention,
+)
+from benchmarks.trace import breakdown, kernel_events  # noqa: E402
+from hyquant_jax.decode_kernel import DecodeTuning, decode_attention, decode_layout  # noqa: E402
+
+
+def trace_loop(fn, q, operands, iters: int, top: int) -> dict:
+    """Kernel breakdown per call of fn(q, *operands) over one run of `jitted_loop` under the profiler."""
+    loop = jitted_loop(fn, iters)
+    jax.block_until_ready(loop(q, operands))
+    with tempfile.TemporaryDirectory() as tmp:
+        with jax.profiler.trace(tmp):
+            t0 = time.perf_counter()
+            jax.block_until_ready(loop(q, operands))
+            wall = time.perf_counter() - t0
+        events = kernel_events(tmp)
+    return {"iters": iters, "wall_us_per_call": 1e6 * wall / iters, **breakdown(events, iters, top)}
+
+
+def trace_cases(names: str, iters: int, top: int, smoke: bool, log) -> list[dict]:
+    cases = SMOKE_CASES if smoke else CASES
+    selected = [c for c in cases if any(s.strip() and s.strip() in c[0] for s in names.split(","))]
+    if not selected:
+        raise SystemExit(f"--trace {names!r} selects no case; cases: {[c[0] for c in cases]}")
+    rows = []
+    for name, b, hq_, hkv, d, s in selected:
+        inp = make_inputs(b, hq_, hkv, d, s, CONFIG)
+        tuning = DecodeTuning(sm_count=sm_count())
+        lay = decode_layout(inp.cache, CONFIG, hq_, tuning)
+        row = {"case": name, "batch": b, "heads": [hq_, hkv], "head_dim": d, "context": s,
+               "splits": {"n_low": lay.n_low, "n_vl": lay.n_vl, "total": lay.num_splits},
+               "hybrid": trace_loop(hybrid_fn(CONFIG, tuning), inp.q, (inp.cache,), iters, top),
+               "xla": trace_loop(xla_attention, inp.q, (inp.k, inp.v), iters, top)}
+        if not INTERPRET:
+            row["cudnn"] = trace_loop(cudnn_attention, inp.q, (inp.k, inp.v), iters, top)
+        for method in ("hybrid", "xla", "cudnn"):
+            if method in row:
+                r = row[method]
+                log(f"{name} {method}: {r['wall_us_per_call']:.1f} us/call, {r['kernels_per_step']:.1f} kernels "
+                    f"{r['kernel_us_per_step']:.1f} us, idle {100 * (r['idle_share'] or 0):.0f}%")
+                for k in r["top"][:6]:
+                    log(f"    {k['us_per_step']:7.2f} us  x{k['launches_per_step']:.0f}  {k['name'][:90]}")
+        rows.append(row)
+        del inp
+    return rows
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trace", default="", metavar="CASES",
+                   help="comma-separated substrings of decode_kernel.py's case names to profile (e.g. 'B1 1K')")
+    p.add_argument("--iters", type=int, default=50, help="--trace: decode calls in the traced loop")
+    p.add_argument("--top", type=int, default=12, help="--trace: kernels listed per method")
+    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--name", default="profile_decode_h200")
+    p.add_argument("--smoke", action="store_true", help="--trace on the tiny case (CPU check of the script)")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--context", type=int, default=32768)
     p.add_argument("--calls", type=int, default=4)
@@ -28,6 +93,12 @@ def main():
     p.add_argument("--stages", type=int, default=None, help="DecodeTuning.num_stages (default: heuristic)")
     p.add_argument("--pages", type=int, default=None, help="DecodeTuning.pages_per_tile (default: heuristic)")
     args = p.parse_args()
+    if args.trace or args.smoke:
+        log = lambda s: print(s, flush=True)  # noqa: E731
+        result = {"env": environment(), "config": dataclasses.asdict(CONFIG),
+                  "cases": trace_cases(args.trace or "smoke", args.iters, args.top, args.smoke, log)}
+        write_json(os.path.join(args.out, args.name + ".json"), result)
+        return
     inp = make_inputs(args.batch, 32, 8, 128, args.context, CONFIG)
     tuning = DecodeTuning(transposed=args.transposed, num_warps=args.warps, num_stages=args.stages,
                           pages_per_tile=args.pages)

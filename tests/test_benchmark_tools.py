@@ -31,3 +31,26 @@ def test_e2e_prefill_table_ratio_is_against_bf16_at_the_same_length():
     assert lines[3] == "| hyquant | 4096 | 0.125 | 32768 | 0.80x |"
     assert lines[4] == "| hyquant | 8192 | 0.300 | 27307 | - |"
     assert len(lines) == 5  # the failed row is left out
+
+
+def test_trace_breakdown_sums_per_kernel_and_counts_gaps():
+    """Per-name launches and time per step; busy time is the union of overlapping intervals; idle share is the
+    uncovered part of the span."""
+    from benchmarks.trace import breakdown, busy_time
+
+    events = [  # ts, dur in microseconds, sorted by start
+        {"name": "decode", "ts": 0.0, "dur": 10.0, "args": {"hlo_op": "custom-call.1"}},
+        {"name": "merge", "ts": 5.0, "dur": 10.0},  # overlaps decode by 5 us
+        {"name": "decode", "ts": 20.0, "dur": 10.0},  # after a 5 us gap
+        {"name": "merge", "ts": 22.0, "dur": 4.0},  # inside the second decode
+    ]
+    assert busy_time(events) == 25.0
+    r = breakdown(events, steps=2, top=5)
+    assert r["kernels_per_step"] == 2.0 and r["kernel_us_per_step"] == 17.0
+    assert r["span_us_per_step"] == 15.0 and r["busy_us_per_step"] == 12.5
+    assert r["idle_share"] == pytest.approx(5.0 / 30.0)
+    top = {k["name"]: k for k in r["top"]}
+    assert [k["name"] for k in r["top"]] == ["decode", "merge"]
+    assert top["decode"]["us_per_step"] == 10.0 and top["decode"]["us_per_launch"] == 10.0
+    assert top["decode"]["hlo_op"] == "custom-call.1"
+    assert top["merge"]["launches_per_step"] == 1.0 and top["merge"]["us_per_launch"] == 7.0

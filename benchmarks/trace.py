@@ -1,0 +1,53 @@
+"""GPU kernel events of a JAX profiler trace, and a per-kernel breakdown of them (used by the profile scripts)."""
+
+from __future__ import annotations
+
+import collections
+import glob
+import gzip
+import json
+import os
+
+
+def kernel_events(trace_dir: str) -> list[dict]:
+    """'X' events of the trace's GPU streams (kernels and memcpys), sorted by start time."""
+    path = sorted(glob.glob(os.path.join(trace_dir, "plugins", "profile", "*", "*.trace.json.gz")))[-1]
+    with gzip.open(path) as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    gpu_pids = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+                and "/device:GPU" in str(e.get("args", {}).get("name", ""))}
+    out = [e for e in events if e.get("ph") == "X" and e.get("pid") in gpu_pids and e.get("dur", 0) > 0]
+    return sorted(out, key=lambda e: e["ts"])
+
+
+def busy_time(events: list[dict]) -> float:
+    """Microseconds during which at least one kernel ran (union of intervals)."""
+    total, end = 0.0, None
+    for e in events:
+        s, t = e["ts"], e["ts"] + e["dur"]
+        if end is None or s >= end:
+            total += e["dur"]
+            end = t
+        elif t > end:
+            total += t - end
+            end = t
+    return total
+
+
+def breakdown(events: list[dict], steps: int, top: int) -> dict:
+    per_name = collections.defaultdict(lambda: [0, 0.0, ""])
+    for e in events:
+        row = per_name[e["name"]]
+        row[0] += 1
+        row[1] += e["dur"]
+        row[2] = row[2] or str(e.get("args", {}).get("hlo_op", ""))
+    rows = sorted(per_name.items(), key=lambda kv: -kv[1][1])
+    # The span ends at the latest end: the kernel that starts last need not end last (streams overlap).
+    span = (max(e["ts"] + e["dur"] for e in events) - events[0]["ts"]) if events else 0.0
+    busy = busy_time(events)
+    return {"kernels_per_step": len(events) / steps, "kernel_us_per_step": sum(e["dur"] for e in events) / steps,
+            "busy_us_per_step": busy / steps, "span_us_per_step": span / steps,
+            "idle_share": 1 - busy / span if span else None,
+            "top": [{"name": n[:160], "hlo_op": op, "launches_per_step": c / steps, "us_per_step": d / steps,
+                     "us_per_launch": d / c} for n, (c, d, op) in rows[:top]]}
