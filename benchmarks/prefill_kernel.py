@@ -58,6 +58,7 @@ import os
 import shutil
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 import warnings
@@ -71,6 +72,7 @@ import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
 from benchmarks.common import environment  # noqa: E402
+from benchmarks.trace import breakdown, kernel_events  # noqa: E402
 
 from hyquant_jax import prefill_kernel as pk  # noqa: E402
 from hyquant_jax import reference, vti  # noqa: E402
@@ -83,6 +85,7 @@ with warnings.catch_warnings():
     from jax.experimental.pallas.ops.gpu import attention as pallas_attention  # noqa: E402
 
 RESULT_NAME = "prefill_kernel_h200"
+TRACE_TOP = 20  # kernels listed per traced method
 # prefill_block 128 so that kernel block_q 64 and 128 have the same semantics (sweep).
 CONFIG = HyQuantConfig(window=128, prefill_block=128, rho=0.05)
 SWEEP = [  # (block_q, block_k, num_warps, num_stages)
@@ -181,10 +184,11 @@ def make_loop(fn, arrays):
     return loop
 
 
-def bench(fn, arrays, reps, min_loop_s=0.1, max_iters=50):
+def bench(fn, arrays, reps, min_loop_s=0.1, max_iters=50, trace_into: dict | None = None):
     """(loop_ms, call_ms, iters, compile_s, output of one call) of fn(*arrays).
 
-    One compiled program serves both timings (and returns the output for the accuracy check).
+    One compiled program serves both timings (and returns the output for the accuracy check). With a dict
+    `trace_into`, one more call runs under the JAX profiler and its GPU kernel breakdown is stored there.
     """
     arrays = tuple(arrays)
     loop = make_loop(fn, arrays)
@@ -206,6 +210,11 @@ def bench(fn, arrays, reps, min_loop_s=0.1, max_iters=50):
         t0 = time.perf_counter()
         jax.block_until_ready(loop(n, arrays))
         loops.append((time.perf_counter() - t0) / iters)
+    if trace_into is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            with jax.profiler.trace(tmp):
+                jax.block_until_ready(loop(one, arrays))
+            trace_into.update(breakdown(kernel_events(tmp), 1, TRACE_TOP))
     return statistics.median(loops) * 1e3, call * 1e3, iters, compile_s, first
 
 
@@ -336,7 +345,7 @@ def best_tuning(rows, method, default):
     return tuple(min(ok, key=lambda r: r["loop_ms"])["tuning"]) if ok else default
 
 
-def run_length(t, tuning, mha_tuning, interpret, reps, b, hq, hkv, d, have_cudnn, only=None):
+def run_length(t, tuning, mha_tuning, interpret, reps, b, hq, hkv, d, have_cudnn, only=None, trace=frozenset()):
     q, k, v = make_inputs(0, b, hq, hkv, t, d)
     lengths = jnp.full((b,), t, jnp.int32)
     vl_idx, vl_count = jax.jit(vti_fn(CONFIG))(q, k, lengths)
@@ -402,8 +411,12 @@ def run_length(t, tuning, mha_tuning, interpret, reps, b, hq, hkv, d, have_cudnn
     rows = {}
     for name, (fn, args, accuracy) in methods.items():
         row = dict(T=t)
+        kernels = {} if name in trace else None
         try:
-            row["loop_ms"], row["call_ms"], row["iters"], row["compile_s"], out = bench(fn, args, reps)
+            row["loop_ms"], row["call_ms"], row["iters"], row["compile_s"], out = bench(fn, args, reps,
+                                                                                         trace_into=kernels)
+            if kernels is not None:
+                row["trace"] = kernels
             if accuracy:
                 if out.shape != q.shape:  # [B, T, H, D] layouts
                     out = to_btnd(out)
@@ -583,6 +596,8 @@ def main(argv=None):
     ap.add_argument("--methods", default=None, help="comma-separated subset of the timed methods (default: all)")
     ap.add_argument("--no-layers", action="store_true", help="skip the per-layer accuracy table")
     ap.add_argument("--name", default=RESULT_NAME, help="JSON/PNG file name (without extension)")
+    ap.add_argument("--trace", default="", metavar="METHODS",
+                    help="comma-separated methods whose one call is also profiled: GPU kernel breakdown in the JSON")
     ap.add_argument("--tuning", default=None,
                     help="Triton kernel block_q,block_k,num_warps,num_stages instead of the sweep's best")
     args = ap.parse_args(argv)
@@ -626,7 +641,7 @@ def main(argv=None):
     payload["results"] = {}
     for t in lengths:
         payload["results"][str(t)] = run_length(t, payload["tuning"], payload["mha_tuning"], interpret, reps, b, hq,
-                                                hkv, d, have_cudnn, only)
+                                                hkv, d, have_cudnn, only, frozenset(args.trace.split(",")))
         save(complete=False)
     layer_t = 256 if args.smoke else args.layer_length
     payload["layers"] = ([] if args.no_layers else
