@@ -1,7 +1,8 @@
 """Attention entry points: pick a backend and run hybrid decode or prefill.
 
 backend:
-  "auto"      the Pallas kernel on GPU, the reference elsewhere;
+  "auto"      the Pallas kernels on GPU (for prefill the Mosaic kernel where it applies, see
+              `prefill_backend`), the reference elsewhere;
   "reference" pure jnp (`hyquant_jax.reference`), any device;
   "pallas"    the compiled Pallas GPU kernels (Triton lowering);
   "mosaic"    Hopper only: prefill through the Mosaic GPU kernel (`pallas_kernels.prefill_mgpu`,
@@ -32,6 +33,25 @@ def resolve_backend(backend: str) -> str:
     if backend == "auto":
         return "pallas" if jax.default_backend() == "gpu" else "reference"
     return backend
+
+
+def prefill_backend(backend: str, head_dim: int, config: HyQuantConfig, device=None) -> str:
+    """The backend `prefill_attention` runs: `resolve_backend`, except that "auto" on a Hopper GPU (compute
+    capability 9.x) takes the Mosaic kernel when the config and head_dim fit its `MOSAIC_PREFILL` setting
+    (INT8 Q.K, `prefill_block` a multiple of 128, head_dim 64 or 128): it measured 1.1x-1.3x faster than the
+    Triton kernel from 8K tokens on the H200 and as fast at 4K. `device`: the device to decide for
+    (default: the first JAX device)."""
+    if backend != "auto":
+        return resolve_backend(backend)
+    device = jax.devices()[0] if device is None else device
+    if device.platform != "gpu":
+        return "reference"
+    hopper = str(getattr(device, "compute_capability", "")).startswith("9.")
+    from pallas_kernels.prefill_mgpu import BLOCK, HEAD_DIMS
+
+    fits = (config.prefill_qk == "int8" and config.prefill_block % (BLOCK * MOSAIC_PREFILL["compute_wgs"]) == 0
+            and head_dim in HEAD_DIMS)
+    return "mosaic" if hopper and fits else "pallas"
 
 
 def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, backend: str = "auto",
@@ -70,7 +90,7 @@ def prefill_attention(q, k, v, lengths, config: HyQuantConfig, backend: str = "a
     """
     q_tail = tail_queries(q, lengths, tail_query_count(config))
     vl = vertical_token_identification(q_tail, k, lengths, config, scale=scale)
-    backend = resolve_backend(backend)
+    backend = prefill_backend(backend, q.shape[-1], config)
     if backend == "reference":
         out = reference.hybrid_prefill_attention_reference(q, k, v, lengths, *vl, config, scale=scale)
     elif backend == "mosaic":
