@@ -91,3 +91,25 @@ GPU_CASES = [
 def test_gpu_matches_reference(name, shape, lengths, config, vl_source, kernel):
     out, ref, lengths = _run(shape, lengths, config, vl_source, interpret=False, **kernel)
     check_output(out, ref, lengths, TOL)
+
+
+@pytest.mark.gpu
+def test_gpu_auto_backend_is_the_mosaic_kernel_on_hopper():
+    """On the H200, "auto" prefill with a config the Mosaic setting fits runs that kernel: the same output, bit
+    for bit, as backend="mosaic" (and the VL set of the same VTI)."""
+    from hyquant_jax import attention
+
+    device = jax.devices()[0]
+    if not str(getattr(device, "compute_capability", "")).startswith("9."):
+        pytest.skip(f"not a Hopper GPU: {device.device_kind}")
+    config = _cfg(window=128, prefill_block=128, rho=0.05)
+    assert attention.prefill_backend("auto", 128, config) == "mosaic"
+    keys = jax.random.split(jax.random.PRNGKey(7), 3)
+    q = jax.random.normal(keys[0], (2, 8, 700, 128), jnp.bfloat16)
+    k = jax.random.normal(keys[1], (2, 2, 700, 128), jnp.bfloat16)
+    v = jax.random.normal(keys[2], (2, 2, 700, 128), jnp.bfloat16)
+    lengths = jnp.array([700, 333], jnp.int32)
+    out_auto, vl_auto = attention.prefill_attention(q, k, v, lengths, config, backend="auto")
+    out_mosaic, vl_mosaic = attention.prefill_attention(q, k, v, lengths, config, backend="mosaic")
+    assert jnp.array_equal(out_auto, out_mosaic)
+    assert all(jnp.array_equal(a, b) for a, b in zip(vl_auto, vl_mosaic))
