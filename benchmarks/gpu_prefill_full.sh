@@ -1,8 +1,9 @@
 #!/bin/bash
 # One GPU call (~9 min): the GPU tests of the "auto" prefill backend and the Mosaic setting, then the full
-# prefill benchmark of issue 4 in one run, the JSON the README's prefill table should come from: every kernel the library ships (Triton hybrid INT8 and FP8, SageAttention-style uniform INT8,
-# the Mosaic kernel in the backend="mosaic" setting, alone and with VTI) against cuDNN and Pallas mha, VTI alone,
-# and the per-layer accuracy table. The JSON is written after every length (`complete` says whether it finished).
+# prefill benchmark of issue 4 in one run, the JSON the README's prefill table should come from: every kernel
+# the library ships (Triton hybrid INT8 and FP8, SageAttention-style uniform INT8, the Mosaic kernel in the
+# backend="mosaic" setting, alone and with VTI) against cuDNN and tuned Pallas mha, VTI alone, and the
+# per-layer accuracy table. The JSON is written after every length (`complete` says whether it finished).
 # Run on the GPU box from the repository root:  bash benchmarks/gpu_prefill_full.sh
 # All four lengths may not fit one 600 s call; then two calls, each length's ratios still from one process:
 #   LENGTHS="4096 8192 16384" bash benchmarks/gpu_prefill_full.sh
