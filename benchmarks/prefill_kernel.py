@@ -600,7 +600,8 @@ def main(argv=None):
     ap.add_argument("--name", default=RESULT_NAME, help="JSON/PNG file name (without extension)")
     ap.add_argument("--mha-tuning", default=None,
                     help="Pallas mha block_q,block_k,num_warps,num_stages instead of the sweep's best (without a "
-                         "sweep the default is 128,64,8,2; 128,128,8,2 was 1.16x faster at 8K in the sweep of prefill_kernel_h200.json)")
+                         "sweep the default is 128,64,8,2; 128,128,8,2 was 1.16x faster at 8K in the sweep of "
+                         "prefill_kernel_h200.json)")
     ap.add_argument("--trace", default="", metavar="METHODS",
                     help="comma-separated methods whose one call is also profiled: GPU kernel breakdown in the JSON")
     ap.add_argument("--tuning", default=None,
