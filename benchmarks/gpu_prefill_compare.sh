@@ -5,6 +5,7 @@
 # both as the anchor. Prepare main's tree here first and carry .gpu_run:
 #   rm -rf .gpu_run/main_tree && mkdir -p .gpu_run/main_tree && git archive main | tar -x -C .gpu_run/main_tree
 # Run on the GPU box from the repository root:  NAME=prefill_glue bash benchmarks/gpu_prefill_compare.sh
+# TRACE=method,... also profiles one call of those methods (GPU kernel breakdown in each JSON).
 # Writes under $OUT (default /tmp/out): ${NAME}_gpu_tests.log, ${NAME}_h200.{json,log}, ${NAME}_main_h200.{json,log}.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -21,7 +22,8 @@ if [ "${TESTS:-}" != none ]; then
 fi
 bench() {  # $1 tree, $2 name
     (cd "$1" && PYTHONPATH=. timeout ${LIMIT:-150} python3 benchmarks/prefill_kernel.py --out "$OUT" --name "$2" \
-        --no-sweep --no-layers --tuning 128,64,8,3 --lengths $LENGTHS --methods "$METHODS" > "$OUT/$2.log" 2>&1)
+        --no-sweep --no-layers --tuning 128,64,8,3 --lengths $LENGTHS --methods "$METHODS" \
+        ${TRACE:+--trace "$TRACE"} > "$OUT/$2.log" 2>&1)
     echo "$2 rc=$?"; grep -E "^T=[0-9]+ " "$OUT/$2.log" | sed -E "s/'call_ms'.*'rel_mse'/'rel_mse'/" | cut -c1-140
 }
 bench . "${NAME}_h200"
