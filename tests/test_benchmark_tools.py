@@ -3,7 +3,8 @@
 import pytest
 
 from benchmarks.decode_kernel import parse_tunings
-from benchmarks.report import e2e_prefill_table
+from benchmarks.prefill_kernel import summarize
+from benchmarks.report import e2e_prefill_table, prefill_table
 from hyquant_jax.decode_kernel import DecodeTuning
 
 
@@ -54,3 +55,17 @@ def test_trace_breakdown_sums_per_kernel_and_counts_gaps():
     assert top["decode"]["us_per_step"] == 10.0 and top["decode"]["us_per_launch"] == 10.0
     assert top["decode"]["hlo_op"] == "custom-call.1"
     assert top["merge"]["launches_per_step"] == 1.0 and top["merge"]["us_per_launch"] == 7.0
+
+
+def test_prefill_table_reports_the_mosaic_kernel_when_the_run_has_it():
+    """Ratios, VTI share and MSE ratio of the row are those of the Mosaic kernel (from `summarize`); methods a
+    length lacks print n/a."""
+    r = {"hybrid_int8": {"loop_ms": 5.5, "rel_mse": 2e-6}, "uniform_int8": {"loop_ms": 5.0, "rel_mse": 1e-4},
+         "hybrid_int8_mgpu_2wg_fast_pp": {"loop_ms": 4.0, "rel_mse": 2.5e-6}, "hybrid_e2e_mosaic": {"loop_ms": 4.2},
+         "vti": {"loop_ms": 0.21}, "cudnn_bf16": {"loop_ms": 4.4}, "pallas_mha_bf16": {"loop_ms": 5.2}}
+    d = {"shape": {"Hq": 32, "Hkv": 8, "D": 128}, "device": "H200", "jax": "0.11.2", "date": "2026-11-30",
+         "command": "x", "results": {"16384": r}, "summary": summarize({"16384": r}, [16384])}
+    lines = prefill_table(d).splitlines()
+    assert "`mosaic`/cuDNN" in lines[2] and "MSE uniform / `mosaic`" in lines[2]
+    assert lines[4] == ("| 16384 | 5.500 | n/a | 5.000 | 4.000 | n/a | 4.200 | 4.400 | 5.200 | 1.10x | 1.30x | "
+                        "5.0% | 40x |")
