@@ -291,6 +291,7 @@ def softmax_rows(logits, v, logit_err=None, v_err=None):
     psum = np.where(psum > 0, psum, 1.0)
     ebar = (p * e).sum(axis=1, keepdims=True) / psum
     zu = (p * np.exp(e)).sum(axis=1, keepdims=True) / psum  # exactly 1 when e = 0
+    zu = np.where(rows[:, None], zu, 1.0)  # a row without keys has no weights and no error (not log(0))
     up = np.expm1(e + ebar)
     down = -np.expm1(-e - np.log(zu))
     w = p * np.maximum(up, down)
