@@ -60,7 +60,7 @@ def prefill_table(d) -> str:
     """The prefill benchmark's table: ms per call of each method, then the best hybrid's ratios (the Mosaic
     kernel where the run has it, else the Triton one), VTI share and MSE ratio."""
     results = d["results"]
-    best = "hybrid_int8_mgpu_2wg_fast_pp" if any(best_ms(r, "hybrid_int8_mgpu_2wg_fast_pp") for r in
+    best = "hybrid_int8_mgpu_2wg_fast_pp" if any(method_ms(r, "hybrid_int8_mgpu_2wg_fast_pp") for r in
                                                  results.values()) else "hybrid_int8"
     label = "`mosaic`" if best != "hybrid_int8" else "hybrid"
     tuning = f", Triton tuning {d.get('tuning')}, mha tuning {d.get('mha_tuning')}" if d.get("tuning") else ""
@@ -74,7 +74,7 @@ def prefill_table(d) -> str:
     ]
     for t, r in results.items():
         s = d["summary"].get(t, {})
-        cells = [f"{best_ms(r, m):.3f}" if best_ms(r, m) else "n/a" for _, m in PREFILL_COLUMNS]
+        cells = [f"{method_ms(r, m):.3f}" if method_ms(r, m) else "n/a" for _, m in PREFILL_COLUMNS]
         share = s.get("vti_share_of_mosaic_prefill" if best != "hybrid_int8" else "vti_share_of_prefill")
         ratios = [f"{s[k]:.2f}x" if k in s else "n/a" for k in (f"{best}_speedup_vs_cudnn", f"{best}_speedup_vs_mha")]
         mse = s.get(f"mse_ratio_uniform_over_{best}")
@@ -83,7 +83,7 @@ def prefill_table(d) -> str:
     return "\n".join(lines)
 
 
-def best_ms(r, method):
+def method_ms(r, method):
     """loop_ms of `method` in one length's results, or None."""
     return r.get(method, {}).get("loop_ms")
 
