@@ -58,7 +58,6 @@ import os
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 import traceback
 import warnings
@@ -72,7 +71,7 @@ import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
 from benchmarks.common import environment  # noqa: E402
-from benchmarks.trace import breakdown, kernel_events  # noqa: E402
+from benchmarks.trace import breakdown, profiled  # noqa: E402
 
 from hyquant_jax import prefill_kernel as pk  # noqa: E402
 from hyquant_jax import reference, vti  # noqa: E402
@@ -211,10 +210,8 @@ def bench(fn, arrays, reps, min_loop_s=0.1, max_iters=50, trace_into: dict | Non
         jax.block_until_ready(loop(n, arrays))
         loops.append((time.perf_counter() - t0) / iters)
     if trace_into is not None:
-        with tempfile.TemporaryDirectory() as tmp:
-            with jax.profiler.trace(tmp):
-                jax.block_until_ready(loop(one, arrays))
-            trace_into.update(breakdown(kernel_events(tmp), 1, TRACE_TOP))
+        _, _, events = profiled(lambda: jax.block_until_ready(loop(one, arrays)))
+        trace_into.update(breakdown(events, 1, TRACE_TOP))
     return statistics.median(loops) * 1e3, call * 1e3, iters, compile_s, first
 
 

@@ -20,8 +20,6 @@ import argparse
 import dataclasses
 import os
 import sys
-import tempfile
-import time
 
 import jax
 
@@ -31,7 +29,7 @@ from benchmarks.common import environment, jitted_loop, sm_count, write_json  # 
 from benchmarks.decode_kernel import (  # noqa: E402
     CASES, CONFIG, INTERPRET, SMOKE_CASES, cudnn_attention, hybrid_fn, make_inputs, xla_attention,
 )
-from benchmarks.trace import breakdown, kernel_events  # noqa: E402
+from benchmarks.trace import breakdown, profiled  # noqa: E402
 from hyquant_jax.decode_kernel import DecodeTuning, decode_attention, decode_layout  # noqa: E402
 
 
@@ -39,12 +37,7 @@ def trace_loop(fn, q, operands, iters: int, top: int) -> dict:
     """Kernel breakdown per call of fn(q, *operands) over one run of `jitted_loop` under the profiler."""
     loop = jitted_loop(fn, iters)
     jax.block_until_ready(loop(q, operands))
-    with tempfile.TemporaryDirectory() as tmp:
-        with jax.profiler.trace(tmp):
-            t0 = time.perf_counter()
-            jax.block_until_ready(loop(q, operands))
-            wall = time.perf_counter() - t0
-        events = kernel_events(tmp)
+    _, wall, events = profiled(lambda: jax.block_until_ready(loop(q, operands)))
     return {"iters": iters, "wall_us_per_call": 1e6 * wall / iters, **breakdown(events, iters, top)}
 
 

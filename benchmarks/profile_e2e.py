@@ -19,13 +19,11 @@ import argparse
 import json
 import os
 import sys
-import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import e2e  # noqa: E402
-from benchmarks.trace import breakdown, kernel_events  # noqa: E402
+from benchmarks.trace import breakdown, profiled  # noqa: E402
 
 
 def profile_config(args, params, config, attention, method, prefix, batch) -> dict:
@@ -45,13 +43,8 @@ def profile_config(args, params, config, attention, method, prefix, batch) -> di
                   eos_ids=(), pad_id=0)
     out, _, states, lengths, _ = decode(params, states, first, lengths, key, **static)
     jax.block_until_ready(out)
-    with tempfile.TemporaryDirectory() as tmp:
-        with jax.profiler.trace(tmp):
-            t0 = time.perf_counter()
-            out, _, states, lengths, n = decode(params, states, out[:, -1], lengths, key, **static)
-            jax.block_until_ready(out)
-            wall = time.perf_counter() - t0
-        events = kernel_events(tmp)
+    (out, _, states, lengths, n), wall, events = profiled(
+        lambda: jax.block_until_ready(decode(params, states, out[:, -1], lengths, key, **static)))
     steps = int(n)
     del states
     return dict(section="decode", method=method, prefix=prefix, batch=batch, steps=steps,
@@ -71,12 +64,8 @@ def profile_prefill(args, params, config, attention, method, prefix) -> dict:
     static = dict(config=config, attention=attention, sampling=SamplingConfig(), chunk=prefix, max_len=prefix + 8)
     compiled = prefill.lower(params, tokens, lengths, jax.random.PRNGKey(0), **static).compile()
     jax.block_until_ready(compiled(params, tokens, lengths, jax.random.PRNGKey(0)))
-    with tempfile.TemporaryDirectory() as tmp:
-        with jax.profiler.trace(tmp):
-            t0 = time.perf_counter()
-            jax.block_until_ready(compiled(params, tokens, lengths, jax.random.PRNGKey(1)))
-            wall = time.perf_counter() - t0
-        events = kernel_events(tmp)
+    _, wall, events = profiled(
+        lambda: jax.block_until_ready(compiled(params, tokens, lengths, jax.random.PRNGKey(1))))
     return dict(section="prefill", method=method, prefix=prefix, batch=1, steps=1, wall_ms_per_step=1e3 * wall,
                 **breakdown(events, 1, args.top))
 

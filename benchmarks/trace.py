@@ -7,6 +7,21 @@ import glob
 import gzip
 import json
 import os
+import tempfile
+import time
+
+import jax
+
+
+def profiled(run):
+    """run() under the JAX profiler (run must block until its result is ready): (result, wall seconds, the
+    trace's GPU kernel events)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        with jax.profiler.trace(tmp):
+            t0 = time.perf_counter()
+            result = run()
+            wall = time.perf_counter() - t0
+        return result, wall, kernel_events(tmp)
 
 
 def kernel_events(trace_dir: str) -> list[dict]:

@@ -2,9 +2,11 @@
 
 GPU interpret mode (warp-specialized kernels simulated on CPU) against the jnp reference on small shapes,
 plus the kernel's input checks and the `backend="mosaic"` dispatch. Not collected by the main test run (no
-`test_` file prefix): after these cases ran in the full suite's process, a later XLA:CPU compilation in
-`test_reference.py` segfaulted (2026-11-30, reproduced twice; not after the lowering tests alone, nor with only
-the prefill test files before it), so `test_prefill_mgpu.test_interpret_cases_in_own_process` runs them apart.
+`test_` file prefix): `test_prefill_mgpu.test_interpret_cases_in_own_process` runs them in a child process.
+They were moved there when a later XLA:CPU compile in the suite's process segfaulted; the cause turned out
+to be the process running out of memory mappings (many cached executables, these cases compile the most),
+which `conftest.py` now prevents by clearing JAX's caches after each module. The separate process remains
+as extra headroom for the heaviest compiling cases.
 """
 
 from __future__ import annotations
