@@ -30,6 +30,7 @@ import numpy as np
 
 from hyquant_jax import quant
 from hyquant_jax.config import HyQuantConfig, num_vl_tokens
+from hyquant_jax.reorder import stable_partition
 from hyquant_jax.vti import vertical_token_identification
 
 SLOT_ALIGN = 256  # low-bit slots are padded to a multiple of this (kernel tiling)
@@ -352,7 +353,7 @@ def _freeze(k, v, lengths, vl_idx, vl_count, config: HyQuantConfig, max_len: int
 
     # Quantized prefix, compacted in position order.
     is_q = (pos[None, None, :] < prefix[:, None, None]) & ~is_vl
-    order = jnp.argsort(jnp.where(is_q, pos, n + pos), axis=-1, stable=True).astype(jnp.int32)
+    order = stable_partition(is_q)  # [B, H, N]: the is_q positions first
     taken = min(n, slots)
     order = order[..., :taken]
     n_q = prefix - vl_count

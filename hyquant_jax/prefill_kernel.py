@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from hyquant_jax import quant
 from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.reference import check_prefill_shapes
+from hyquant_jax.reorder import stable_partition
 from pallas_kernels import prefill as _kernel
 from pallas_kernels import prefill_mgpu as _mgpu
 
@@ -129,7 +130,7 @@ def _prepare(q, k, v, lengths, vl_idx, vl_count, *, config: HyQuantConfig, scale
             is_vl = jnp.zeros((b, hkv, tp), bool).at[
                 jnp.arange(b)[:, None, None], jnp.arange(hkv)[None, :, None], jnp.where(ok, vl_idx, tp)
             ].set(True, mode="drop")
-            perm = jnp.argsort(is_vl, axis=-1, stable=True).astype(jnp.int32)  # non-VL first, by position
+            perm = stable_partition(~is_vl)  # non-VL first, by position
             kq = _take_rows(kq, perm)
             ks = _take_rows(ks, perm)
             vq = _take_rows(vb, perm)
