@@ -105,8 +105,9 @@ def _prepare(q, k, v, lengths, vl_idx, vl_count, *, config: HyQuantConfig, scale
         qq, sq = _quantize(q32, qk_format)
         qrow = sq * factor
         qg = q32.reshape(b, hkv, g, tp, d)
-        qbias = jnp.einsum("bhgtd,bhd->bhgt", qg, key_mean,
-                           precision=jax.lax.Precision.HIGHEST).reshape(b, hq, tp) * factor
+        # A float32 product and row sum, not a HIGHEST einsum: as a reduction over D, XLA can fuse it with
+        # q's max-abs pass instead of materializing q in float32 for a dot.
+        qbias = (qg * key_mean[:, :, None, None, :]).sum(-1).reshape(b, hq, tp) * factor
         kq, ks = _quantize(k32 - key_mean[:, :, None, :], qk_format)
 
     # ---- Per-query-block segment bounds.
