@@ -9,6 +9,7 @@ set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=. PYTHONUNBUFFERED=1
+if [ "${KERNEL_PROFILE:-1}" = 1 ]; then  # KERNEL_PROFILE=0 skips (0)
 M=hybrid_e2e_mosaic,hybrid_int8_mgpu_2wg_fast_pp,hybrid_int8_mgpu_kernel,cudnn_bf16
 timeout 150 python3 benchmarks/prefill_kernel.py --out "$OUT" --name profile_prefill_16k --no-sweep --no-layers \
     --tuning 128,64,8,3 --lengths 16384 --methods $M --trace $M > "$OUT/profile_prefill_16k.log" 2>&1
@@ -23,6 +24,7 @@ for name, r in rows.items():
     for k in t.get("top", [])[:10]:
         print(f"   {k['us_per_step']:8.1f} us x{k['launches_per_step']:.0f} {k['name'][:80]}")
 PY
+fi
 timeout 200 python3 benchmarks/profile_e2e.py --out "$OUT" --name profile_e2e_prefill_4k --sections prefill \
     --prefixes 4096 --methods bf16,hyquant --prefill-backend mosaic --prefill-block 128 --top 40 \
     > "$OUT/profile_e2e_prefill_4k.log" 2>&1

@@ -110,6 +110,9 @@ def main():
                       f"{row['kernel_us_per_step'] / 1e3:.2f} ms ({row['kernels_per_step']:.0f} launches)", flush=True)
                 for k in row["top"][:20]:
                     print(f"   {k['us_per_step']:8.1f} us  x{k['launches_per_step']:5.1f}  {k['name'][:90]}")
+                print(f"   idle {row['idle_share'] or 0:.0%} of the span; idle time by the kernel that ends it:")
+                for k in row["idle_before"][:15]:
+                    print(f"   {k['idle_us_per_step']:8.1f} us  x{k['gaps_per_step']:5.1f}  {k['name'][:90]}")
         for batch in (e2e._ints(args.batches) if "decode" in sections else []):
             for prefix in e2e._ints(args.prefixes):
                 row = profile_config(args, params, config, attention, method, prefix, batch)

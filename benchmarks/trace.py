@@ -50,6 +50,22 @@ def busy_time(events: list[dict]) -> float:
     return total
 
 
+def idle_gaps(events: list[dict]) -> dict[str, list[float]]:
+    """Idle stretches (no kernel running) by the kernel that ends them: name -> [count, total us].
+
+    Says which launches the GPU waits for (host work, synchronization, launches outside a command buffer)."""
+    out = collections.defaultdict(lambda: [0, 0.0])
+    end = None
+    for e in events:
+        if end is not None and e["ts"] > end:
+            row = out[e["name"]]
+            row[0] += 1
+            row[1] += e["ts"] - end
+        t = e["ts"] + e["dur"]
+        end = t if end is None else max(end, t)
+    return out
+
+
 def breakdown(events: list[dict], steps: int, top: int) -> dict:
     per_name = collections.defaultdict(lambda: [0, 0.0, ""])
     for e in events:
@@ -64,5 +80,7 @@ def breakdown(events: list[dict], steps: int, top: int) -> dict:
     return {"kernels_per_step": len(events) / steps, "kernel_us_per_step": sum(e["dur"] for e in events) / steps,
             "busy_us_per_step": busy / steps, "span_us_per_step": span / steps,
             "idle_share": 1 - busy / span if span else None,
+            "idle_before": [{"name": n[:160], "gaps_per_step": c / steps, "idle_us_per_step": g / steps}
+                            for n, (c, g) in sorted(idle_gaps(events).items(), key=lambda kv: -kv[1][1])[:top]],
             "top": [{"name": n[:160], "hlo_op": op, "launches_per_step": c / steps, "us_per_step": d / steps,
                      "us_per_launch": d / c} for n, (c, d, op) in rows[:top]]}

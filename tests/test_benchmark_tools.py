@@ -55,6 +55,8 @@ def test_trace_breakdown_sums_per_kernel_and_counts_gaps():
     assert top["decode"]["us_per_step"] == 10.0 and top["decode"]["us_per_launch"] == 10.0
     assert top["decode"]["hlo_op"] == "custom-call.1"
     assert top["merge"]["launches_per_step"] == 1.0 and top["merge"]["us_per_launch"] == 7.0
+    # The one idle stretch (15 -> 20 us) ends with the second decode launch.
+    assert r["idle_before"] == [{"name": "decode", "gaps_per_step": 0.5, "idle_us_per_step": 2.5}]
 
 
 def test_prefill_table_reports_the_mosaic_kernel_when_the_run_has_it():
