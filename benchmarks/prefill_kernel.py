@@ -337,6 +337,11 @@ def sweep(t, interpret, reps, b, hq, hkv, d):
     return rows
 
 
+def parse_tuning(spec: str | None) -> tuple[int, ...] | None:
+    """'128,64,8,3' -> (128, 64, 8, 3); None or '' -> None."""
+    return tuple(int(x) for x in spec.split(",")) if spec else None
+
+
 def best_tuning(rows, method, default):
     ok = [r for r in rows if r["method"] == method and "loop_ms" in r]
     return tuple(min(ok, key=lambda r: r["loop_ms"])["tuning"]) if ok else default
@@ -625,10 +630,9 @@ def main(argv=None):
     payload["correctness"] = correctness(interpret, None, small, (small[3], small[3] * 3 // 5))
     payload["sweep_length"] = 256 if args.smoke else args.sweep_length
     payload["sweep"] = [] if args.no_sweep else sweep(payload["sweep_length"], interpret, reps, b, hq, hkv, d)
-    payload["tuning"] = (tuple(int(x) for x in args.tuning.split(",")) if args.tuning else
-                         best_tuning(payload["sweep"], "hybrid_int8", default))
-    payload["mha_tuning"] = (tuple(int(x) for x in args.mha_tuning.split(",")) if args.mha_tuning else
-                             best_tuning(payload["sweep"], "pallas_mha_bf16", (128, 64, 8, 2)))
+    payload["tuning"] = parse_tuning(args.tuning) or best_tuning(payload["sweep"], "hybrid_int8", default)
+    payload["mha_tuning"] = (parse_tuning(args.mha_tuning)
+                             or best_tuning(payload["sweep"], "pallas_mha_bf16", (128, 64, 8, 2)))
     if payload["tuning"] != default:
         payload["correctness"] += correctness(interpret, payload["tuning"], small, (small[3], small[3] * 3 // 5))
     os.makedirs(args.out, exist_ok=True)

@@ -35,6 +35,11 @@ def resolve_backend(backend: str) -> str:
     return backend
 
 
+def is_hopper(device) -> bool:
+    """Whether `device` is a compute-capability-9.x (Hopper) GPU, the one the Mosaic kernels are written for."""
+    return device.platform == "gpu" and str(getattr(device, "compute_capability", "")).startswith("9.")
+
+
 def prefill_backend(backend: str, head_dim: int, config: HyQuantConfig, device=None) -> str:
     """The backend `prefill_attention` runs: `resolve_backend`, except that "auto" on a Hopper GPU (compute
     capability 9.x) takes the Mosaic kernel when the config and head_dim fit its `MOSAIC_PREFILL` setting
@@ -46,12 +51,11 @@ def prefill_backend(backend: str, head_dim: int, config: HyQuantConfig, device=N
     device = jax.devices()[0] if device is None else device
     if device.platform != "gpu":
         return "reference"
-    hopper = str(getattr(device, "compute_capability", "")).startswith("9.")
     from pallas_kernels.prefill_mgpu import BLOCK, HEAD_DIMS
 
     fits = (config.prefill_qk == "int8" and config.prefill_block % (BLOCK * MOSAIC_PREFILL["compute_wgs"]) == 0
             and head_dim in HEAD_DIMS)
-    return "mosaic" if hopper and fits else "pallas"
+    return "mosaic" if is_hopper(device) and fits else "pallas"
 
 
 def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, backend: str = "auto",
