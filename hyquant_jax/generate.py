@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from functools import partial
 from typing import Any, Sequence
@@ -91,7 +92,21 @@ def _layer_states(attention, config, batch, prompt_len, max_len, dtype, whole):
                  for _ in range(config.num_layers))
 
 
-@partial(jax.jit, static_argnames=("config", "attention", "sampling", "chunk", "max_len"))
+def prefill_compiler_options(xla_flags: str) -> dict[str, str]:
+    """XLA options of the jitted `prefill`: command buffers (CUDA graphs) without custom calls.
+
+    Custom calls such as the Mosaic GPU prefill kernel then launch directly instead of from a graph: inside
+    graphs, a 4K prefill of a 36-layer model left the GPU idle for 46 ms per call (0.130 s per prefill
+    against 0.120 s without them; bf16 unchanged; benchmarks/results/prefill_gap_*_v0/v1.json). The kinds
+    are XLA's defaults less CUSTOM_CALL. A command-buffer setting in `xla_flags` (XLA_FLAGS) wins.
+    """
+    if "xla_gpu_enable_command_buffer" in xla_flags:
+        return {}
+    return {"xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUDNN,DYNAMIC_SLICE_FUSION"}
+
+
+@partial(jax.jit, static_argnames=("config", "attention", "sampling", "chunk", "max_len"),
+         compiler_options=prefill_compiler_options(os.environ.get("XLA_FLAGS", "")))
 def prefill(params: Params, tokens: jax.Array, lengths: jax.Array, key: jax.Array, *, config: ModelConfig,
             attention, sampling: SamplingConfig, chunk: int, max_len: int):
     """Prompts -> (first sampled token int32 [B], logits float32 [B, V], decode states).

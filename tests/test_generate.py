@@ -169,3 +169,18 @@ def test_generate_errors(params, prompts):
         _run(params, prompts, attn, n=1000)
     with pytest.raises(ValueError, match="backend"):
         HybridAttention(SMALL_HQ, backend="cuda")
+
+
+def test_prefill_compiler_options():
+    """prefill's command-buffer kinds are valid XLA enum names (XLA rejects unknown ones at compile time,
+    also on CPU) and leave CUSTOM_CALL out; an XLA_FLAGS setting of the same option wins."""
+    from hyquant_jax.generate import prefill_compiler_options
+
+    options = prefill_compiler_options("")
+    kinds = options["xla_gpu_enable_command_buffer"].split(",")
+    assert "CUSTOM_CALL" not in kinds and "FUSION" in kinds
+    x = jnp.arange(4.0)
+    np.testing.assert_array_equal(jax.jit(lambda a: a * 2, compiler_options=options)(x), x * 2)
+    with pytest.raises(Exception, match="not a valid enum value"):
+        jax.jit(lambda a: a * 3, compiler_options={"xla_gpu_enable_command_buffer": "FUSION,NOT_A_KIND"})(x)
+    assert prefill_compiler_options("--xla_gpu_enable_command_buffer= --xla_dump_to=/tmp") == {}
