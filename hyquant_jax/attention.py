@@ -6,8 +6,8 @@ backend:
   "reference" pure jnp (`hyquant_jax.reference`), any device;
   "pallas"    the compiled Pallas GPU kernels (Triton lowering);
   "mosaic"    Hopper only: prefill through the Mosaic GPU kernel (`pallas_kernels.prefill_mgpu`,
-              two compute warpgroups per CTA, so `prefill_block` a multiple of 128; 1.1x-1.2x
-              faster than "pallas" from 8K tokens on the H200), decode as "pallas";
+              `prefill_block` a multiple of 64; 1.1x-1.3x faster than "pallas" from 8K tokens on
+              the H200), decode as "pallas";
   "interpret" the Pallas kernel in interpret mode (CPU tests).
 """
 
@@ -42,8 +42,8 @@ def is_hopper(device) -> bool:
 
 def prefill_backend(backend: str, head_dim: int, config: HyQuantConfig, device=None) -> str:
     """The backend `prefill_attention` runs: `resolve_backend`, except that "auto" on a Hopper GPU (compute
-    capability 9.x) takes the Mosaic kernel when the config and head_dim fit its `MOSAIC_PREFILL` setting
-    (INT8 Q.K, `prefill_block` a multiple of 128, head_dim 64 or 128): it measured 1.1x-1.3x faster than the
+    capability 9.x) takes the Mosaic kernel when the config and head_dim fit it (INT8 Q.K, `prefill_block` a
+    multiple of 64, head_dim 64 or 128): it measured 1.1x-1.3x faster than the
     Triton kernel from 8K tokens on the H200 and 1.08x at 4K. `device`: the device to decide for
     (default: the first JAX device)."""
     if backend != "auto":
@@ -53,8 +53,7 @@ def prefill_backend(backend: str, head_dim: int, config: HyQuantConfig, device=N
         return "reference"
     from pallas_kernels.prefill_mgpu import BLOCK, HEAD_DIMS
 
-    fits = (config.prefill_qk == "int8" and config.prefill_block % (BLOCK * MOSAIC_PREFILL["compute_wgs"]) == 0
-            and head_dim in HEAD_DIMS)
+    fits = config.prefill_qk == "int8" and config.prefill_block % BLOCK == 0 and head_dim in HEAD_DIMS
     return "mosaic" if is_hopper(device) and fits else "pallas"
 
 

@@ -294,7 +294,7 @@ def prefill_attention_mgpu(q, k, v, lengths, vl_idx, vl_count, config: HyQuantCo
     (`config.prefill_qk == "int8"`), bf16 P.V, head_dim 64 or 128. A CTA computes
     `compute_wgs` (1 or 2) blocks of 64 query rows on one stream of key steps of
     `block_kv` (64 or 128) keys, `stages` of them in shared memory at once;
-    `config.prefill_block` must be a multiple of 64 * compute_wgs. `pingpong`: two compute
+    `config.prefill_block` must be a multiple of 64. `pingpong`: two compute
     warpgroups take turns at the tensor cores. `approx_math`, `skip_masks`, `magic_convert`: see
     `pallas_kernels.prefill_mgpu.hybrid_prefill_mgpu`.
     """
@@ -302,9 +302,8 @@ def prefill_attention_mgpu(q, k, v, lengths, vl_idx, vl_count, config: HyQuantCo
     problems = []
     if config.prefill_qk != "int8":
         problems.append(f"config.prefill_qk 'int8' (got {config.prefill_qk!r})")
-    if config.prefill_block % (_mgpu.BLOCK * compute_wgs):
-        problems.append(f"config.prefill_block a multiple of {_mgpu.BLOCK * compute_wgs} for compute_wgs="
-                        f"{compute_wgs} (got {config.prefill_block})")
+    if config.prefill_block % _mgpu.BLOCK:
+        problems.append(f"config.prefill_block a multiple of {_mgpu.BLOCK} (got {config.prefill_block})")
     if q.shape[-1] not in _mgpu.HEAD_DIMS:
         problems.append(f"head_dim in {_mgpu.HEAD_DIMS} (got {q.shape[-1]})")
     if problems:

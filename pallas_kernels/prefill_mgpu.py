@@ -91,13 +91,17 @@ def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref
             plgpu.copy_gmem_to_smem(qbias_ref.at[b, head, rows], qbias_s.at[w], setup_bar)
 
     plgpu.barrier_wait(setup_bar)
-    # Active row blocks of a CTA share (nq, nvl, band_start) (prefill_block is a multiple of BLOCK * cw); the
-    # first block is active whenever any is (blocks past the length carry other values), so its meta rules.
-    # The band runs to the end of the last block.
-    nq, nvl, band_start, length = meta_s[0, 0], meta_s[0, 1], meta_s[0, 2], meta_s[0, 3]
-    band_first = band_start // bk * bk  # steps start aligned; keys before band_start are masked
-    n_quant = (nq + bk - 1) // bk
-    n_vl = (nvl + bk - 1) // bk
+    # The row blocks of a CTA share one key stream that covers every block's segments: the longest quantized
+    # and VL prefixes and the band from the earliest band start to the end of the last block. Each block masks
+    # what is not its own (`block_meta`): with prefill_block 64, the keys between the two blocks' band starts
+    # are quantized for the second block and in the band for the first, so the stream holds them both ways.
+    # Blocks past the length have nq = nvl = 0 and band_start = their first row, which changes nothing here.
+    length = meta_s[0, 3]
+    nq_cta = functools.reduce(jnp.maximum, [meta_s[w, 0] for w in range(cw)])
+    nvl_cta = functools.reduce(jnp.maximum, [meta_s[w, 1] for w in range(cw)])
+    band_first = functools.reduce(jnp.minimum, [meta_s[w, 2] for w in range(cw)]) // bk * bk  # aligned steps
+    n_quant = (nq_cta + bk - 1) // bk
+    n_vl = (nvl_cta + bk - 1) // bk
     n_band = (jnp.maximum(base + BLOCK * cw - band_first, 0) + bk - 1) // bk
     segments = (("quant", 0, n_quant), ("vl", n_quant, n_vl), ("band", n_quant + n_vl, n_band))
     n_steps = n_quant + n_vl + n_band
@@ -168,11 +172,16 @@ def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref
 
         return pl.run_state(accumulate)(plgpu.ACC.init(acc))
 
+    def block_meta(w):
+        """(nq, nvl, band_start) of row block w: its own quantized and VL prefixes and band start."""
+        return meta_s[w, 0], meta_s[w, 1], meta_s[w, 2]
+
     def consume(kind, j, step, w, carry, masked, rowvec):
         """Wait for step `step`'s slot; fold its keys into row block w's online softmax (base 2) and P.V.
 
         masked=False: every key of the step is valid for every row (no mask computed)."""
         acc, m, l = carry
+        nq, nvl, band_start = block_meta(w)
         slot = step % stages
         plgpu.barrier_wait(k_full.at[slot])
         t, mul, add = logits_of(kind, slot, w, rowvec)
@@ -218,10 +227,12 @@ def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref
                   plgpu.load(qbias_s.at[w], layout=plgpu.Layout.WGMMA.reduce(1)))
         if pingpong and w == 1:
             take_turn()
+        nq, nvl, band_start = block_meta(w)
         for kind, first, count in segments:
-            # Steps whose keys are all valid for every row of the CTA skip the mask: the full quantized and
-            # VL steps, and band steps wholly after band_start and before both the CTA's first row and
-            # the length. The rest (partial last steps, the band's first step, the diagonal) are masked.
+            # Steps whose keys are all valid for every row of block w skip the mask: its full quantized and
+            # VL steps, and band steps wholly after its band_start and before both the CTA's first row and
+            # the length. The rest (partial last steps, steps past the block's own prefixes, the band's
+            # first steps, the diagonal) are masked.
             if kind == "quant":
                 ranges = ((0, nq // bk, False), (nq // bk, count, True))
             elif kind == "vl":
@@ -305,8 +316,8 @@ def hybrid_prefill_mgpu(meta, q, qq, qrow, qbias, kq, ks, vq, vsc, kvl, vvl, k, 
     [B, Hq, Tp, D]; qq int8 like q; qrow, qbias f32 [B, Hq, Tp]; kq int8 [B, Hkv, Tp, D]; ks f32 [B, Hkv, Tp];
     vq, k, v bf16 [B, Hkv, Tp, D]; kvl, vvl bf16 [B, Hkv, Kp, D]; Tp a multiple of 64 * compute_wgs and of
     block_kv, Kp a multiple of block_kv, D in {64, 128}. A CTA runs `compute_wgs` row blocks of 64 on one
-    key stream: their meta must agree on (nq, nvl, band_start), i.e. prefill_block a multiple of
-    64 * compute_wgs. `stages` key steps of `block_kv` keys are in SMEM at once. With two compute warpgroups
+    key stream that covers the segments of all its blocks, each block masking what is not its own
+    (prefill_block any multiple of 64). `stages` key steps of `block_kv` keys are in SMEM at once. With two compute warpgroups
     `pingpong` makes them alternate at the tensor cores (7-8% faster on the H200 with approx_math and
     magic_convert: `attention.MOSAIC_PREFILL`). `approx_math`: approximate exp2 (Mosaic GPU's compiler
     option). `skip_masks`: steps whose keys are all valid for every row skip the mask (False masks every

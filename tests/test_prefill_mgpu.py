@@ -83,6 +83,10 @@ GPU_CASES = [
      "vti", dict(magic_convert=True, approx_math=True, **TWO_WGS)),
     ("backend_mosaic_setting_ragged", (3, 32, 8, 2100, 128), [2100, 1337, 129],
      _cfg(window=256, prefill_block=128, rho=0.05), "vti", MOSAIC_PREFILL),
+    ("mosaic_setting_block64_ragged", (3, 32, 8, 2100, 128), [2100, 1337, 129],
+     _cfg(window=128, prefill_block=64, rho=0.05), "vti", MOSAIC_PREFILL),
+    ("two_wgs_block64_kv64_d64", (2, 9, 3, 777, 64), [777, 300], _cfg(window=128, prefill_block=64, rho=0.1),
+     "random", dict(compute_wgs=2, block_kv=64, stages=3, pingpong=True)),
 ]
 
 
@@ -102,7 +106,7 @@ def test_gpu_auto_backend_is_the_mosaic_kernel_on_hopper():
     device = jax.devices()[0]
     if not attention.is_hopper(device):
         pytest.skip(f"not a Hopper GPU: {device.device_kind}")
-    config = _cfg(window=128, prefill_block=128, rho=0.05)
+    config = _cfg(window=128, prefill_block=64, rho=0.05)
     assert attention.prefill_backend("auto", 128, config) == "mosaic"
     keys = jax.random.split(jax.random.PRNGKey(7), 3)
     q = jax.random.normal(keys[0], (2, 8, 700, 128), jnp.bfloat16)

@@ -391,7 +391,8 @@ def test_auto_prefill_backend_takes_the_mosaic_kernel_only_where_it_applies():
     assert attention.prefill_backend("auto", 128, fits, h200) == "mosaic"
     assert attention.prefill_backend("auto", 64, fits, h200) == "mosaic"
     assert attention.prefill_backend("auto", 256, fits, h200) == "pallas"  # head_dim the kernel lacks
-    assert attention.prefill_backend("auto", 128, config(window=128, prefill_block=64), h200) == "pallas"
+    assert attention.prefill_backend("auto", 128, config(window=128, prefill_block=64), h200) == "mosaic"
+    assert attention.prefill_backend("auto", 128, config(window=128, prefill_block=32), h200) == "pallas"
     assert attention.prefill_backend("auto", 128, config(window=128, prefill_block=128, prefill_qk="fp8"),
                                      h200) == "pallas"
     assert attention.prefill_backend("auto", 128, fits, a100) == "pallas"
