@@ -115,7 +115,7 @@ def parse_args(argv=None):
     p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="HyQuant decode backend (auto: Pallas on GPU; mosaic decodes as pallas)")
     p.add_argument("--prefill-backend", default=None, choices=BACKENDS,
-                   help="HyQuant prefill backend (default: --backend; mosaic needs --prefill-block 128)")
+                   help="HyQuant prefill backend (default: --backend; mosaic needs a --prefill-block multiple of 64)")
     p.add_argument("--prefill-block", type=int, default=64, help="HyQuantConfig.prefill_block (must divide --window)")
     p.add_argument("--key-bits", type=int, default=4)
     p.add_argument("--value-bits", type=int, default=4)

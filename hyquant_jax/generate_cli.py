@@ -90,8 +90,9 @@ def add_generate_args(p) -> None:
                    help="weights and activations (auto: bfloat16 on GPU, float32 on CPU where XLA's bf16 matmuls "
                         "are slow); the KV cache is always bf16")
     p.add_argument("--backend", default="auto", choices=BACKENDS,
-                   help="HyQuant attention backend (auto: Pallas kernels on GPU, the jnp reference elsewhere; "
-                        "mosaic: prefill through the Mosaic GPU kernel, Hopper only)")
+                   help="HyQuant attention backend (auto: Pallas kernels on GPU, with prefill through the Mosaic GPU "
+                        "kernel on Hopper where it applies; the jnp reference elsewhere; mosaic: prefill through "
+                        "the Mosaic GPU kernel, Hopper only)")
     p.add_argument("--prefill-qk", default="int8", choices=("int8", "fp8", "bf16"),
                    help="number format of Q.K for the quantized segment of hybrid prefill")
     p.add_argument("--prefill-block", type=int, default=64,
