@@ -476,8 +476,10 @@ def _write_slot(buf, slot, row, active):
     """buf [B, H, S, ...]; write row [B, H, ...] at slot[b] of each active sequence (inactive ones keep theirs).
 
     One scatter whose inactive rows point past the end and are dropped: no read of the old row and no
-    select over it, which `_write_rows` needs (gather, select, scatter; the B=1 decode profile on the H200
-    shows its selects as three extra small kernels per layer and step, `profile_e2e_h200_b1_1k.json`).
+    select over it, which `_write_rows` needs (gather, select, scatter). The B=1 decode profile on the H200
+    showed those selects as three small kernels per layer and step (`profile_e2e_h200_b1_1k.json`); removing
+    them did not change the step time measurably (benchmarks/NOTES.md), so this is the simpler form, not a
+    speed-up.
     """
 
     def one(buf_b, slot_b, row_b, active_b):

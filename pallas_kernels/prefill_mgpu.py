@@ -317,8 +317,8 @@ def hybrid_prefill_mgpu(meta, q, qq, qrow, qbias, kq, ks, vq, vsc, kvl, vvl, k, 
     vq, k, v bf16 [B, Hkv, Tp, D]; kvl, vvl bf16 [B, Hkv, Kp, D]; Tp a multiple of 64 * compute_wgs and of
     block_kv, Kp a multiple of block_kv, D in {64, 128}. A CTA runs `compute_wgs` row blocks of 64 on one
     key stream that covers the segments of all its blocks, each block masking what is not its own
-    (prefill_block any multiple of 64). `stages` key steps of `block_kv` keys are in SMEM at once. With two compute warpgroups
-    `pingpong` makes them alternate at the tensor cores (7-8% faster on the H200 with approx_math and
+    (prefill_block any multiple of 64). `stages` key steps of `block_kv` keys are in SMEM at once. With two
+    compute warpgroups `pingpong` makes them alternate at the tensor cores (7-8% faster on the H200 with approx_math and
     magic_convert: `attention.MOSAIC_PREFILL`). `approx_math`: approximate exp2 (Mosaic GPU's compiler
     option). `skip_masks`: steps whose keys are all valid for every row skip the mask (False masks every
     step, as before).
