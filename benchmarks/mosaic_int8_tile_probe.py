@@ -16,7 +16,8 @@ On any machine the probe lowers the tile for CUDA and counts the bitwise ops of 
 by their operand type: `vector<4xi8>` means one op per 32-bit register, i.e. 4 bytes (8 codes) per
 instruction before ptxas fuses the xor and the and. The module is read by wrapping Mosaic GPU's internal
 `lower_mgpu_module` (inspection only; jax is pinned). On a Hopper GPU it also runs the tile and compares
-it with an int64 NumPy oracle (exact).
+it with an int64 NumPy oracle (exact). Result on the H200: exact, and the PTX unpack is 24 32-bit
+and/xor ops per thread for the tile (`benchmarks/results/int8_probe_h200.{log,ptx,ptxas.txt}`).
 
   python benchmarks/mosaic_int8_tile_probe.py          # CPU: lowering and op counts
   PYTHONPATH=. python benchmarks/mosaic_int8_tile_probe.py   # GPU: also run and check
