@@ -43,6 +43,13 @@ def int8_rows(x: np.ndarray) -> np.ndarray:
     return np.clip(np.round(x / scale), -127, 127) * scale
 
 
+def fp8_rows(x: np.ndarray) -> np.ndarray:
+    """float8 e4m3 quantization per row (max-abs scaled to 448), returned dequantized (float64)."""
+    scale = np.abs(x).max(axis=-1, keepdims=True) / 448.0
+    scale = np.where(scale > 0, scale, 1.0)
+    return np.asarray(jnp.asarray(x / scale, jnp.float32).astype(jnp.float8_e4m3fn), np.float64) * scale
+
+
 def cache_parts(cache, config):
     """float64 NumPy views of one sequence's cache (batch 0): low-bit codes, scales, zeros, validity, VL, ring."""
     from hyquant_jax import quant
@@ -60,9 +67,10 @@ def cache_parts(cache, config):
     }
 
 
-def decode_outputs(q: np.ndarray, parts: dict, block: int, int8_qk: bool, int8_pv: bool) -> np.ndarray:
-    """q [Hq, Q, D] float64 -> attention outputs [Hq, Q, D] over the cache, in float64; int8_qk / int8_pv:
-    the low-bit region's Q.K / P.V as the INT8 route computes them."""
+def decode_outputs(q: np.ndarray, parts: dict, block: int, int8_qk, int8_pv) -> np.ndarray:
+    """q [Hq, Q, D] float64 -> attention outputs [Hq, Q, D] over the cache, in float64. int8_qk / int8_pv:
+    False (float math) or the per-row quantizer (`int8_rows`, `fp8_rows`; True means int8) of the low-bit
+    region's Q.K / P.V operand as the route computes them."""
     hq, nq, d = q.shape
     h = parts["k_u"].shape[0]
     g = hq // h
@@ -74,10 +82,11 @@ def decode_outputs(q: np.ndarray, parts: dict, block: int, int8_qk: bool, int8_p
         pages = u.shape[0] // block
         page_of = np.arange(u.shape[0]) // block
         if int8_qk:  # per page: q x scale to int8 per row, dotted with the codes; q . zero in float
+            quant_qk = int8_rows if int8_qk is True else int8_qk
             low = np.empty((qh.shape[0], u.shape[0]))
             for p in range(pages):
                 t = slice(p * block, (p + 1) * block)
-                low[:, t] = int8_rows(qh * ks[p]) @ u[t].T + (qh @ kz[p])[:, None]
+                low[:, t] = quant_qk(qh * ks[p]) @ u[t].T + (qh @ kz[p])[:, None]
         else:
             low = qh @ (u * ks[page_of] + kz[page_of]).T
         logits = np.concatenate([low, qh @ parts["vl_k"][kv].T, qh @ parts["ring_k"][kv].T], axis=1) * scale
@@ -89,10 +98,11 @@ def decode_outputs(q: np.ndarray, parts: dict, block: int, int8_qk: bool, int8_p
         p_low, p_rest = p[:, :n_low], p[:, n_low:]
         vu, vs, vz = parts["v_u"][kv], parts["v_s"][kv], parts["v_z"][kv]
         if int8_pv:  # per page: p x value scale to int8 per row, dotted with the codes; p . zero in float
+            quant_pv = int8_rows if int8_pv is True else int8_pv
             acc = np.zeros((qh.shape[0], d))
             for pg in range(pages):
                 t = slice(pg * block, (pg + 1) * block)
-                acc += int8_rows(p_low[:, t] * vs[t]) @ vu[t] + (p_low[:, t] @ vz[t])[:, None]
+                acc += quant_pv(p_low[:, t] * vs[t]) @ vu[t] + (p_low[:, t] @ vz[t])[:, None]
         else:
             acc = p_low @ (vu * vs[:, None] + vz[:, None])
         acc += p_rest @ np.concatenate([parts["vl_v"][kv], parts["ring_v"][kv]], axis=0)
@@ -136,7 +146,8 @@ def main():
     stream = wikitext_tokens(args.wikitext, tokenizer)
     total = args.length + args.queries
     layers = {name: [] for name in ("hybrid_vs_exact", "int8_vs_exact", "int8_vs_hybrid", "int8_qk_only_vs_hybrid",
-                                    "int8_pv_only_vs_hybrid")}
+                                    "int8_pv_only_vs_hybrid", "fp8_qk_only_vs_hybrid", "fp8_pv_only_vs_hybrid",
+                                    "int8_qk_fp8_pv_vs_hybrid", "int8_qk_fp8_pv_vs_exact")}
     for start in window_starts(len(stream), total, args.windows):
         tokens = jnp.asarray(stream[start:start + total])[None]
         states = capture_qkv(params, tokens, config=model_cfg)
@@ -152,9 +163,15 @@ def main():
             int8 = decode_outputs(qn, parts, config.block_size, True, True)
             qk_only = decode_outputs(qn, parts, config.block_size, True, False)
             pv_only = decode_outputs(qn, parts, config.block_size, False, True)
+            fp8_qk = decode_outputs(qn, parts, config.block_size, fp8_rows, False)
+            fp8_pv = decode_outputs(qn, parts, config.block_size, False, fp8_rows)
+            int8_qk_fp8_pv = decode_outputs(qn, parts, config.block_size, True, fp8_rows)
             for name, (a, b) in {"hybrid_vs_exact": (hybrid, exact), "int8_vs_exact": (int8, exact),
                                  "int8_vs_hybrid": (int8, hybrid), "int8_qk_only_vs_hybrid": (qk_only, hybrid),
-                                 "int8_pv_only_vs_hybrid": (pv_only, hybrid)}.items():
+                                 "int8_pv_only_vs_hybrid": (pv_only, hybrid),
+                                 "fp8_qk_only_vs_hybrid": (fp8_qk, hybrid), "fp8_pv_only_vs_hybrid": (fp8_pv, hybrid),
+                                 "int8_qk_fp8_pv_vs_hybrid": (int8_qk_fp8_pv, hybrid),
+                                 "int8_qk_fp8_pv_vs_exact": (int8_qk_fp8_pv, exact)}.items():
                 if len(layers[name]) <= i:
                     layers[name].append([])
                 layers[name][i].append(rel(a, b))
