@@ -1,21 +1,25 @@
-"""Accuracy cost of the INT8 decode route (benchmarks/NOTES.md), on SmolLM2-135M's attention states (CPU).
+"""Accuracy cost of the INT8 decode route (benchmarks/NOTES.md), on SmolLM2-135M (CPU).
 
-For every layer of WikiText windows: the first P tokens are frozen into a `HybridKVCache` (default config:
-K4V4 channel_key, rho 5%, W 128), then the Q queries after them attend over that cache three ways:
-  exact   float64 attention over the P prompt tokens (no quantization);
-  hybrid  the quantized cache in float64 math, i.e. what `hybrid_decode_attention_reference` and the
-          kernels compute;
-  int8    the same, with the low-bit region's two products as the INT8 route computes them:
-          Q.K per page: q x (the page's per-channel key scales) requantized to int8 per query row
-              (max-abs / 127), dotted with the 4-bit codes, plus q . (the page's key zeros) in float;
-          P.V per page: p x (each token's value scale) requantized to int8 per row (max / 127), dotted
-              with the value codes, plus p . (value zeros) in float;
-          the VL and window-ring tokens exact, as in the kernel. Per-row max-abs scaling makes P's
-          quantization independent of the softmax's running max, so one global max per row is used.
-Reports relative errors ||a - b|| / ||b|| over each layer's heads and queries: hybrid vs exact, int8 vs
-exact, int8 vs hybrid (the kernel tests' bound is 1e-2 against the float32 reference of the same cache).
+`route_decode_attention` is hybrid decode attention over a `HybridKVCache` (K4V4 channel_key) whose
+low-bit region computes its two products as the route would (the VL and window-ring tokens stay exact,
+as in the kernel):
+  Q.K per page: q x (the page's per-channel key scales), quantized per query row (`qk` format), dotted
+      with the 4-bit codes, plus q . (the page's key zeros) in float;
+  P.V per page: p x (each token's value scale), quantized per row (`pv` format), dotted with the value
+      codes, plus p . (value zeros) in float. Per-row max-abs scaling makes this independent of the
+      softmax's running max, so one max per row is used.
+Formats: None (float32, i.e. `hybrid_decode_attention_reference`), "int8" (max-abs / 127) or "fp8"
+(float8 e4m3, max-abs to 448).
 
-  python benchmarks/int8_decode_accuracy.py [--length 2048] [--queries 16] [--windows 2]
+Sections:
+  operator    every layer of --windows WikiText windows: the first --length tokens frozen with the
+              default config, the --queries queries after them attending over the cache; relative
+              error ||a - b|| / ||b|| of each format pair against the float reference and against exact
+              attention over the prompt (the kernel tests' bound is 1e-2 against the float reference);
+  perplexity  --ppl-prefix tokens through exact prefill + Freeze, then --ppl-tokens teacher-forced decode
+              steps scored (NLL, perplexity, top-1 agreement with bf16), as benchmarks/accuracy.py does.
+
+  python benchmarks/int8_decode_accuracy.py [--sections operator,perplexity]
 Writes benchmarks/results/int8_decode_accuracy_smollm2.json.
 """
 
@@ -24,8 +28,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import jax
@@ -35,158 +41,186 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from hyquant_jax import quant  # noqa: E402
+from hyquant_jax.cache import (HybridKVCache, accumulate_ring_scores, append, low_bit_valid,  # noqa: E402
+                               ring_valid, vl_valid)
+from hyquant_jax.config import HyQuantConfig  # noqa: E402
+from hyquant_jax.model_attention import HybridAttention  # noqa: E402
 
-def int8_rows(x: np.ndarray) -> np.ndarray:
-    """Symmetric int8 quantization per row (last axis), returned dequantized (float64)."""
-    scale = np.abs(x).max(axis=-1, keepdims=True) / 127.0
-    scale = np.where(scale > 0, scale, 1.0)
-    return np.clip(np.round(x / scale), -127, 127) * scale
-
-
-def fp8_rows(x: np.ndarray) -> np.ndarray:
-    """float8 e4m3 quantization per row (max-abs scaled to 448), returned dequantized (float64)."""
-    scale = np.abs(x).max(axis=-1, keepdims=True) / 448.0
-    scale = np.where(scale > 0, scale, 1.0)
-    return np.asarray(jnp.asarray(x / scale, jnp.float32).astype(jnp.float8_e4m3fn), np.float64) * scale
+FORMATS = (None, "int8", "fp8")
+# (name, Q.K format, P.V format) of the variants compared
+VARIANTS = (("int8_qk", "int8", None), ("int8_pv", None, "int8"), ("fp8_qk", "fp8", None), ("fp8_pv", None, "fp8"),
+            ("int8_qk_int8_pv", "int8", "int8"), ("int8_qk_fp8_pv", "int8", "fp8"))
 
 
-def cache_parts(cache, config):
-    """float64 NumPy views of one sequence's cache (batch 0): low-bit codes, scales, zeros, validity, VL, ring."""
-    from hyquant_jax import quant
-    from hyquant_jax.cache import low_bit_valid, ring_valid, vl_valid
-
-    f = lambda x: np.asarray(jnp.asarray(x, jnp.float32), np.float64)[0]  # noqa: E731
-    return {
-        "k_u": f(quant.unpack(cache.k_codes, config.key_bits)),  # [H, S, D] codes
-        "k_s": f(cache.k_scale), "k_z": f(cache.k_zero),  # [H, pages, D]
-        "v_u": f(quant.unpack(cache.v_codes, config.value_bits)),  # [H, S, D]
-        "v_s": f(cache.v_scale)[..., 0], "v_z": f(cache.v_zero)[..., 0],  # [H, S] (one group per token)
-        "low_ok": np.asarray(low_bit_valid(cache, config.block_size))[0],
-        "vl_k": f(cache.vl_k), "vl_v": f(cache.vl_v), "vl_ok": np.asarray(vl_valid(cache))[0],
-        "ring_k": f(cache.ring_k), "ring_v": f(cache.ring_v), "ring_ok": np.asarray(ring_valid(cache))[0],
-    }
+def quantize_rows(x: jax.Array, fmt: str | None) -> jax.Array:
+    """x float32 [..., N] quantized per row (last axis) with a max-abs scale, returned dequantized."""
+    if fmt is None:
+        return x
+    top = {"int8": 127.0, "fp8": 448.0}[fmt]
+    scale = jnp.max(jnp.abs(x), axis=-1, keepdims=True) / top
+    scale = jnp.where(scale > 0, scale, 1.0)
+    y = x / scale
+    y = jnp.clip(jnp.round(y), -127, 127) if fmt == "int8" else y.astype(jnp.float8_e4m3fn).astype(jnp.float32)
+    return y * scale
 
 
-def decode_outputs(q: np.ndarray, parts: dict, block: int, int8_qk, int8_pv) -> np.ndarray:
-    """q [Hq, Q, D] float64 -> attention outputs [Hq, Q, D] over the cache, in float64. int8_qk / int8_pv:
-    False (float math) or the per-row quantizer (`int8_rows`, `fp8_rows`; True means int8) of the low-bit
-    region's Q.K / P.V operand as the route computes them."""
-    hq, nq, d = q.shape
-    h = parts["k_u"].shape[0]
+@partial(jax.jit, static_argnames=("config", "qk", "pv"))
+def route_decode_attention(q: jax.Array, cache: HybridKVCache, config: HyQuantConfig, qk: str | None = None,
+                           pv: str | None = None):
+    """q [B, Hq, D] -> (out [B, Hq, D] float32, lse float32 [B, Hq]); see the module docstring."""
+    b, hq, d = q.shape
+    h, bs = cache.num_kv_heads, config.block_size
     g = hq // h
-    scale = 1.0 / np.sqrt(d)
-    out = np.zeros_like(q)
-    for kv in range(h):
-        qh = q[kv * g:(kv + 1) * g].reshape(g * nq, d)  # rows: the group's queries
-        u, ks, kz = parts["k_u"][kv], parts["k_s"][kv], parts["k_z"][kv]  # [S, D], [pages, D]
-        pages = u.shape[0] // block
-        page_of = np.arange(u.shape[0]) // block
-        if int8_qk:  # per page: q x scale to int8 per row, dotted with the codes; q . zero in float
-            quant_qk = int8_rows if int8_qk is True else int8_qk
-            low = np.empty((qh.shape[0], u.shape[0]))
-            for p in range(pages):
-                t = slice(p * block, (p + 1) * block)
-                low[:, t] = quant_qk(qh * ks[p]) @ u[t].T + (qh @ kz[p])[:, None]
-        else:
-            low = qh @ (u * ks[page_of] + kz[page_of]).T
-        logits = np.concatenate([low, qh @ parts["vl_k"][kv].T, qh @ parts["ring_k"][kv].T], axis=1) * scale
-        ok = np.concatenate([parts["low_ok"], parts["vl_ok"], parts["ring_ok"]])
-        logits = np.where(ok[None, :], logits, -np.inf)
-        p = np.exp(logits - logits.max(axis=1, keepdims=True))
-        denom = p.sum(axis=1, keepdims=True)
-        n_low = u.shape[0]
-        p_low, p_rest = p[:, :n_low], p[:, n_low:]
-        vu, vs, vz = parts["v_u"][kv], parts["v_s"][kv], parts["v_z"][kv]
-        if int8_pv:  # per page: p x value scale to int8 per row, dotted with the codes; p . zero in float
-            quant_pv = int8_rows if int8_pv is True else int8_pv
-            acc = np.zeros((qh.shape[0], d))
-            for pg in range(pages):
-                t = slice(pg * block, (pg + 1) * block)
-                acc += quant_pv(p_low[:, t] * vs[t]) @ vu[t] + (p_low[:, t] @ vz[t])[:, None]
-        else:
-            acc = p_low @ (vu * vs[:, None] + vz[:, None])
-        acc += p_rest @ np.concatenate([parts["vl_v"][kv], parts["ring_v"][kv]], axis=0)
-        out[kv * g:(kv + 1) * g] = (acc / denom).reshape(g, nq, d)
-    return out
+    qg = q.astype(jnp.float32).reshape(b, h, g, d) / math.sqrt(d)
+    u = quant.unpack(cache.k_codes, config.key_bits).astype(jnp.float32)  # [B, H, S, D]
+    s, pages = u.shape[2], u.shape[2] // bs
+    ks, kz = cache.k_scale.astype(jnp.float32), cache.k_zero.astype(jnp.float32)  # [B, H, P, D]
+    a = quantize_rows(qg[:, :, :, None, :] * ks[:, :, None], qk)  # [B, H, g, P, D]
+    low = jnp.einsum("bhgpd,bhptd->bhgpt", a, u.reshape(b, h, pages, bs, d))
+    low = (low + jnp.einsum("bhgd,bhpd->bhgp", qg, kz)[..., None]).reshape(b, h, g, s)
+    vl = jnp.einsum("bhgd,bhcd->bhgc", qg, cache.vl_k.astype(jnp.float32))
+    ring = jnp.einsum("bhgd,bhrd->bhgr", qg, cache.ring_k.astype(jnp.float32))
+    logits = jnp.concatenate([low, vl, ring], axis=-1)
+    ok = jnp.concatenate([low_bit_valid(cache, bs), vl_valid(cache), ring_valid(cache)], axis=1)[:, None, None]
+    logits = jnp.where(ok, logits, -jnp.inf)
+    m = jnp.max(logits, axis=-1, keepdims=True)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    p = jnp.where(ok, jnp.exp(logits - m), 0.0)
+    denom = p.sum(-1)
+    p_low, p_vl, p_ring = p[..., :s], p[..., s:s + vl.shape[-1]], p[..., s + vl.shape[-1]:]
+    vu = quant.unpack(cache.v_codes, config.value_bits).astype(jnp.float32)  # [B, H, S, D]
+    vs, vz = cache.v_scale.astype(jnp.float32)[..., 0], cache.v_zero.astype(jnp.float32)[..., 0]  # [B, H, S]
+    pq = quantize_rows((p_low * vs[:, :, None]).reshape(b, h, g, pages, bs), pv)
+    acc = jnp.einsum("bhgpt,bhptd->bhgd", pq, vu.reshape(b, h, pages, bs, d))
+    acc = acc + jnp.einsum("bhgs,bhs->bhg", p_low, vz)[..., None]
+    acc = acc + jnp.einsum("bhgc,bhcd->bhgd", p_vl, cache.vl_v.astype(jnp.float32))
+    acc = acc + jnp.einsum("bhgr,bhrd->bhgd", p_ring, cache.ring_v.astype(jnp.float32))
+    out = acc / jnp.where(denom > 0, denom, 1.0)[..., None]
+    lse = jnp.where(denom > 0, jnp.log(jnp.where(denom > 0, denom, 1.0)) + m[..., 0], -jnp.inf)
+    return out.reshape(b, hq, d), lse.reshape(b, hq)
 
 
-def exact_outputs(q, k, v) -> np.ndarray:
-    """q [Hq, Q, D], k, v [H, P, D] float64 -> [Hq, Q, D]."""
-    hq, nq, d = q.shape
-    g = hq // k.shape[0]
-    kk, vv = np.repeat(k, g, axis=0), np.repeat(v, g, axis=0)
-    logits = np.einsum("hqd,hpd->hqp", q, kk) / np.sqrt(d)
-    p = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    return np.einsum("hqp,hpd->hqd", p / p.sum(axis=-1, keepdims=True), vv)
+def check_config(config: HyQuantConfig) -> None:
+    if config.scheme != "channel_key" or config.key_bits == 16 or config.value_bits == 16 or config.group_size:
+        raise ValueError(f"route_decode_attention covers channel_key keys with per-token value scales, got {config}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RouteAttention(HybridAttention):
+    """HyQuant with decode attention through `route_decode_attention` (prefill and Freeze as HybridAttention)."""
+
+    qk: str | None = None
+    pv: str | None = None
+
+    def decode(self, layer, q, k, v, cache: HybridKVCache, ctx):
+        dt = cache.dtype
+        cache = append(cache, k.astype(dt), v.astype(dt), self.config, active=ctx.active, flush=not ctx.prepared)
+        out, lse = route_decode_attention(q, cache, self.config, self.qk, self.pv)
+        return out.astype(q.dtype), accumulate_ring_scores(cache, q, lse, self.config)
 
 
 def rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-def main():
-    from benchmarks._accuracy_tasks import wikitext_tokens, window_starts
-    from benchmarks.accuracy import DEFAULT_WIKITEXT
+def operator_section(params, model_cfg, stream, args, config) -> dict:
+    from benchmarks._accuracy_tasks import window_starts
     from hyquant_jax.cache import freeze
-    from hyquant_jax.config import HyQuantConfig
     from hyquant_jax.evaluation import capture_qkv
     from hyquant_jax.vti import tail_queries, tail_query_count
-    from models.checkpoint import load_model
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--length", type=int, default=2048, help="prompt tokens frozen into the cache (P)")
-    ap.add_argument("--queries", type=int, default=16, help="queries after the prompt (Q)")
-    ap.add_argument("--windows", type=int, default=2, help="WikiText windows")
-    ap.add_argument("--wikitext", type=Path, default=DEFAULT_WIKITEXT)
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
-    args = ap.parse_args()
-    t_start = time.time()
-    config = HyQuantConfig()
-    model_cfg, params, tokenizer = load_model(dtype="float32")
-    stream = wikitext_tokens(args.wikitext, tokenizer)
     total = args.length + args.queries
-    layers = {name: [] for name in ("hybrid_vs_exact", "int8_vs_exact", "int8_vs_hybrid", "int8_qk_only_vs_hybrid",
-                                    "int8_pv_only_vs_hybrid", "fp8_qk_only_vs_hybrid", "fp8_pv_only_vs_hybrid",
-                                    "int8_qk_fp8_pv_vs_hybrid", "int8_qk_fp8_pv_vs_exact")}
+    names = ["float_vs_exact"] + [f"{n}_vs_float" for n, _, _ in VARIANTS] + [f"{n}_vs_exact" for n, _, _ in VARIANTS]
+    per_layer = {name: [[] for _ in range(model_cfg.num_layers)] for name in names}
     for start in window_starts(len(stream), total, args.windows):
-        tokens = jnp.asarray(stream[start:start + total])[None]
-        states = capture_qkv(params, tokens, config=model_cfg)
+        states = capture_qkv(params, jnp.asarray(stream[start:start + total])[None], config=model_cfg)
         for i, (q, k, v) in enumerate(states):
             p = args.length
             lengths = jnp.array([p], jnp.int32)
             cache = freeze(k[:, :, :p], v[:, :, :p], lengths,
                            tail_queries(q[:, :, :p], lengths, tail_query_count(config)), config, max_len=total)
-            parts = cache_parts(cache, config)
-            qn = np.asarray(q, np.float64)[0, :, p:]
-            exact = exact_outputs(qn, np.asarray(k, np.float64)[0, :, :p], np.asarray(v, np.float64)[0, :, :p])
-            hybrid = decode_outputs(qn, parts, config.block_size, False, False)
-            int8 = decode_outputs(qn, parts, config.block_size, True, True)
-            qk_only = decode_outputs(qn, parts, config.block_size, True, False)
-            pv_only = decode_outputs(qn, parts, config.block_size, False, True)
-            fp8_qk = decode_outputs(qn, parts, config.block_size, fp8_rows, False)
-            fp8_pv = decode_outputs(qn, parts, config.block_size, False, fp8_rows)
-            int8_qk_fp8_pv = decode_outputs(qn, parts, config.block_size, True, fp8_rows)
-            for name, (a, b) in {"hybrid_vs_exact": (hybrid, exact), "int8_vs_exact": (int8, exact),
-                                 "int8_vs_hybrid": (int8, hybrid), "int8_qk_only_vs_hybrid": (qk_only, hybrid),
-                                 "int8_pv_only_vs_hybrid": (pv_only, hybrid),
-                                 "fp8_qk_only_vs_hybrid": (fp8_qk, hybrid), "fp8_pv_only_vs_hybrid": (fp8_pv, hybrid),
-                                 "int8_qk_fp8_pv_vs_hybrid": (int8_qk_fp8_pv, hybrid),
-                                 "int8_qk_fp8_pv_vs_exact": (int8_qk_fp8_pv, exact)}.items():
-                if len(layers[name]) <= i:
-                    layers[name].append([])
-                layers[name][i].append(rel(a, b))
+            queries = jnp.moveaxis(q[0, :, p:], 1, 0)[:, None]  # [Q, 1, Hq, D]: one decode call per query
+            # exact attention of the queries over the prompt (what the cache holds)
+            group = q.shape[1] // k.shape[1]
+            w = jax.nn.softmax(jnp.einsum("qhd,hpd->qhp", queries[:, 0], jnp.repeat(k[0, :, :p], group, 0))
+                               / math.sqrt(q.shape[-1]), axis=-1)
+            exact = jnp.einsum("qhp,hpd->qhd", w, jnp.repeat(v[0, :, :p], group, 0))
+            run = lambda qk, pv: jax.vmap(  # noqa: E731
+                lambda x: route_decode_attention(x, cache, config, qk, pv)[0][0])(queries)
+            ref = run(None, None)
+            per_layer["float_vs_exact"][i].append(rel(ref, exact))
+            for name, qk, pv in VARIANTS:
+                out = run(qk, pv)
+                per_layer[f"{name}_vs_float"][i].append(rel(out, ref))
+                per_layer[f"{name}_vs_exact"][i].append(rel(out, exact))
     summary = {}
-    for name, per_layer in layers.items():
-        means = [float(np.mean(x)) for x in per_layer]
+    for name, layers in per_layer.items():
+        means = [float(np.mean(x)) for x in layers]
         summary[name] = {"per_layer": means, "mean": float(np.mean(means)), "max_layer": float(np.max(means))}
-        print(f"{name:24s} mean {summary[name]['mean']:.3e}  worst layer {summary[name]['max_layer']:.3e}")
-    result = {"command": "benchmarks/int8_decode_accuracy.py " + " ".join(f"--{k} {v}" for k, v in
-                                                                          (("length", args.length),
-                                                                           ("queries", args.queries),
-                                                                           ("windows", args.windows))),
+        print(f"operator {name:26s} mean {summary[name]['mean']:.3e}  worst layer {summary[name]['max_layer']:.3e}")
+    return {"length": args.length, "queries": args.queries, "windows": args.windows,
+            "definition": "relative error ||a - b|| / ||b|| over a layer's heads and queries, mean over windows",
+            "relative_error": summary}
+
+
+def perplexity_section(params, model_cfg, stream, args, config) -> dict:
+    from benchmarks._accuracy_tasks import window_starts
+    from benchmarks.accuracy import Sizes, perplexity_summary
+    from hyquant_jax.evaluation import decode_states, prefill_flavor, run_prefill, teacher_forced_nll
+    from models import BF16Attention
+
+    span = args.ppl_prefix + args.ppl_tokens + 1
+    starts = window_starts(len(stream), span, args.ppl_windows)
+    tokens = jnp.asarray(np.stack([stream[s:s + span] for s in starts]))
+    lengths = jnp.full((len(starts),), args.ppl_prefix, jnp.int32)
+    methods = {"bf16": BF16Attention(), "hyquant_float": RouteAttention(config, backend="reference")}
+    methods.update({f"hyquant_{n}": RouteAttention(config, backend="reference", qk=qk, pv=pv)
+                    for n, qk, pv in VARIANTS if n in ("int8_qk", "int8_qk_int8_pv", "int8_qk_fp8_pv")})
+    nll, top1 = {}, {}
+    for name, att in methods.items():
+        flavor = prefill_flavor(att, None, exact=True)
+        _, kvs = run_prefill(params, tokens[:, :args.ppl_prefix], lengths, config=model_cfg, prefill=flavor)
+        states = decode_states(att, kvs, lengths, span)
+        out, pred, _ = teacher_forced_nll(params, states, tokens[:, args.ppl_prefix:], lengths, config=model_cfg,
+                                          attention=att)
+        nll[name], top1[name] = np.asarray(out, np.float64), np.asarray(pred)
+        print(f"perplexity {name:24s} ppl {math.exp(nll[name].mean()):.4f}")
+    sizes = Sizes(ppl_prefix=args.ppl_prefix, ppl_tokens=args.ppl_tokens, ppl_windows=args.ppl_windows)
+    return perplexity_summary(nll, top1, starts, sizes)
+
+
+def main():
+    from benchmarks._accuracy_tasks import wikitext_tokens
+    from benchmarks.accuracy import DEFAULT_WIKITEXT
+    from models.checkpoint import load_model
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sections", default="operator,perplexity")
+    ap.add_argument("--length", type=int, default=2048, help="operator: prompt tokens frozen into the cache")
+    ap.add_argument("--queries", type=int, default=16, help="operator: queries after the prompt")
+    ap.add_argument("--windows", type=int, default=2, help="operator: WikiText windows")
+    ap.add_argument("--ppl-prefix", type=int, default=2048)
+    ap.add_argument("--ppl-tokens", type=int, default=256)
+    ap.add_argument("--ppl-windows", type=int, default=2)
+    ap.add_argument("--wikitext", type=Path, default=DEFAULT_WIKITEXT)
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = ap.parse_args()
+    t0 = time.time()
+    config = HyQuantConfig()
+    check_config(config)
+    model_cfg, params, tokenizer = load_model(dtype="float32")
+    stream = wikitext_tokens(args.wikitext, tokenizer)
+    result = {"command": "benchmarks/int8_decode_accuracy.py " + " ".join(sys.argv[1:]),
               "model": "SmolLM2-135M-Instruct (Q4_1 GGUF, float32 compute)", "config": dataclasses.asdict(config),
-              "jax": jax.__version__, "device": jax.devices()[0].device_kind, "seconds": time.time() - t_start,
-              "relative_error": summary}
+              "jax": jax.__version__, "device": jax.devices()[0].device_kind}
+    sections = args.sections.split(",")
+    if "operator" in sections:
+        result["operator"] = operator_section(params, model_cfg, stream, args, config)
+    if "perplexity" in sections:
+        result["perplexity"] = perplexity_section(params, model_cfg, stream, args, config)
+    result["seconds"] = time.time() - t0
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "int8_decode_accuracy_smollm2.json"
     path.write_text(json.dumps(result, indent=1))
