@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import collections
 import re
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -35,13 +37,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from pallas_kernels.prefill_mgpu import _swizzled  # noqa: E402  (SMEM tiling + swizzle for a matrix operand)
+
 TOKENS, BYTES, ROWS = 64, 64, 16  # tokens per tile, packed bytes per token (D = 128), padded query rows
-
-
-def _swizzled(dtype, cols: int):
-    bits = jnp.dtype(dtype).itemsize * 8
-    swizzle = plgpu.find_swizzle(cols * bits)
-    return plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle)
 
 
 def _kernel(codes, q_lo, q_hi, out, codes_s, q_lo_s, q_hi_s, out_s, barriers):
