@@ -65,10 +65,19 @@ def quantize_rows(x: jax.Array, fmt: str | None) -> jax.Array:
     return y * scale
 
 
+def check_config(config: HyQuantConfig) -> None:
+    if config.scheme != "channel_key" or config.key_bits == 16 or config.value_bits == 16 or config.group_size:
+        raise ValueError(f"route_decode_attention covers channel_key keys with per-token value scales, got {config}")
+
+
 @partial(jax.jit, static_argnames=("config", "qk", "pv"))
 def route_decode_attention(q: jax.Array, cache: HybridKVCache, config: HyQuantConfig, qk: str | None = None,
                            pv: str | None = None):
     """q [B, Hq, D] -> (out [B, Hq, D] float32, lse float32 [B, Hq]); see the module docstring."""
+    check_config(config)
+    for name, fmt in (("qk", qk), ("pv", pv)):
+        if fmt not in FORMATS:
+            raise ValueError(f"{name} must be one of {FORMATS}, got {fmt!r}")
     b, hq, d = q.shape
     h, bs = cache.num_kv_heads, config.block_size
     g = hq // h
@@ -99,11 +108,6 @@ def route_decode_attention(q: jax.Array, cache: HybridKVCache, config: HyQuantCo
     out = acc / jnp.where(denom > 0, denom, 1.0)[..., None]
     lse = jnp.where(denom > 0, jnp.log(jnp.where(denom > 0, denom, 1.0)) + m[..., 0], -jnp.inf)
     return out.reshape(b, hq, d), lse.reshape(b, hq)
-
-
-def check_config(config: HyQuantConfig) -> None:
-    if config.scheme != "channel_key" or config.key_bits == 16 or config.value_bits == 16 or config.group_size:
-        raise ValueError(f"route_decode_attention covers channel_key keys with per-token value scales, got {config}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -52,3 +52,12 @@ def test_quantize_rows(fmt, top):
         assert np.all(np.abs(y - x)[normal] <= np.abs(x)[normal] * 2.0 ** -4 * (1 + 1e-5))
     np.testing.assert_array_equal(y[3], 0.0)
     np.testing.assert_allclose(np.abs(y).max(axis=1), peak[:, 0], rtol=1e-6)
+
+
+def test_unsupported_inputs_are_clear_errors():
+    cache, config, q = _cache()
+    with pytest.raises(ValueError, match="qk must be one of"):
+        route_decode_attention(q, cache, config, "int4")
+    with pytest.raises(ValueError, match="channel_key"):
+        route_decode_attention(q, cache, HyQuantConfig(window=32, block_size=16, prefill_block=16, rho=0.1,
+                                                       scheme="token_sym"))
