@@ -462,30 +462,14 @@ def _append(cache: HybridKVCache, k, v, active, config: HyQuantConfig, flush: bo
         (cache,) = flush_full_rings((cache,), config, active)
     ring = config.ring_size
     slot = (cache.ring_start + cache.ring_len) % ring
-    ring_k = _write_slot(cache.ring_k, slot, k, active)
-    ring_v = _write_slot(cache.ring_v, slot, v, active)
-    ring_score = _write_slot(cache.ring_score, slot, jnp.zeros(k.shape[:2], cache.ring_score.dtype), active)
+    ring_k = _write_rows(cache.ring_k, slot, k[:, :, None].astype(cache.dtype), active)
+    ring_v = _write_rows(cache.ring_v, slot, v[:, :, None].astype(cache.dtype), active)
+    ring_score = _write_rows(cache.ring_score[..., None], slot, jnp.zeros(k.shape[:2] + (1, 1)), active)[..., 0]
     step = active.astype(jnp.int32)
     return dataclasses.replace(
         cache, ring_k=ring_k, ring_v=ring_v, ring_score=ring_score,
         ring_len=cache.ring_len + step, length=cache.length + step,
     )
-
-
-def _write_slot(buf, slot, row, active):
-    """buf [B, H, S, ...]; write row [B, H, ...] at slot[b] of each active sequence (inactive ones keep theirs).
-
-    One scatter whose inactive rows point past the end and are dropped: no read of the old row and no
-    select over it, which `_write_rows` needs (gather, select, scatter). The B=1 decode profile on the H200
-    showed those selects as three small kernels per layer and step (`profile_e2e_h200_b1_1k.json`); removing
-    them did not change the step time measurably (benchmarks/NOTES.md), so this is the simpler form, not a
-    speed-up.
-    """
-
-    def one(buf_b, slot_b, row_b, active_b):
-        return buf_b.at[:, jnp.where(active_b, slot_b, buf_b.shape[1])].set(row_b.astype(buf_b.dtype), mode="drop")
-
-    return jax.vmap(one)(buf, slot, row, active)
 
 
 def _write_rows(buf, start, rows, mask):

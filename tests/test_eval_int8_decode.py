@@ -1,4 +1,4 @@
-"""benchmarks/int8_decode_accuracy.py: with float formats its decode attention is the library's reference (so the
+"""benchmarks/eval_int8_decode.py: with float formats its decode attention is the library's reference (so the
 errors it reports come from the INT8/FP8 products alone), and its row quantizers round as specified."""
 
 import jax
@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from benchmarks.int8_decode_accuracy import quantize_rows, route_decode_attention
+from benchmarks.eval_int8_decode import quantize_rows, route_decode_attention
 from hyquant_jax.cache import append, freeze
 from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.reference import hybrid_decode_attention_reference

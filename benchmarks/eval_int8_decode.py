@@ -19,8 +19,8 @@ Sections:
   perplexity  --ppl-prefix tokens through exact prefill + Freeze, then --ppl-tokens teacher-forced decode
               steps scored (NLL, perplexity, top-1 agreement with bf16), as benchmarks/accuracy.py does.
 
-  python benchmarks/int8_decode_accuracy.py [--sections operator,perplexity]
-Writes benchmarks/results/int8_decode_accuracy_smollm2.json.
+  python benchmarks/eval_int8_decode.py [--sections operator,perplexity]   (or: hyquant eval int8_decode)
+Writes benchmarks/results/eval_int8_decode_smollm2.json.
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ def main():
     check_config(config)
     model_cfg, params, tokenizer = load_model(dtype="float32")
     stream = wikitext_tokens(args.wikitext, tokenizer)
-    result = {"command": "benchmarks/int8_decode_accuracy.py " + " ".join(sys.argv[1:]),
+    result = {"command": "benchmarks/eval_int8_decode.py " + " ".join(sys.argv[1:]),
               "model": "SmolLM2-135M-Instruct (Q4_1 GGUF, float32 compute)", "config": dataclasses.asdict(config),
               "jax": jax.__version__, "device": jax.devices()[0].device_kind}
     sections = args.sections.split(",")
@@ -226,7 +226,7 @@ def main():
         result["perplexity"] = perplexity_section(params, model_cfg, stream, args, config)
     result["seconds"] = time.time() - t0
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "int8_decode_accuracy_smollm2.json"
+    path = args.out / "eval_int8_decode_smollm2.json"
     path.write_text(json.dumps(result, indent=1))
     print(f"wrote {path}")
 
