@@ -55,6 +55,36 @@ def test_lowers_for_cuda(d, kernel):
     assert "mosaic_gpu" in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
+SHARDED_LOWERING = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+from hyquant_jax import prefill_kernel as pk
+from hyquant_jax.attention import MOSAIC_PREFILL
+from hyquant_jax.config import HyQuantConfig
+mesh = Mesh(np.array(jax.devices()[:2]), ("model",))
+attend = lambda *a: pk.prefill_attention_mgpu(*a, HyQuantConfig(), **MOSAIC_PREFILL)
+heads = P(None, "model")
+fn = jax.shard_map(attend, mesh=mesh, in_specs=(heads, heads, heads, P(), heads, P()), out_specs=heads,
+                   check_vma=False)
+sd, bf = jax.ShapeDtypeStruct, jnp.bfloat16
+args = (sd((1, 8, 512, 128), bf), sd((1, 2, 512, 128), bf), sd((1, 2, 512, 128), bf), sd((1,), jnp.int32),
+        sd((1, 2, 16), jnp.int32), sd((1,), jnp.int32))
+text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+print("mosaic custom calls:", text.count("mosaic_gpu_v2"))
+"""
+
+
+def test_lowers_for_cuda_under_shard_map():
+    """The default config's Mosaic prefill (what "auto" picks on Hopper, also for sharded generate) lowers for
+    CUDA per shard under shard_map over two devices (virtual CPU devices; own process for the device count)."""
+    import os
+
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-c", SHARDED_LOWERING], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "mosaic custom calls: 1" in r.stdout, r.stdout
+
+
 TWO_WGS = dict(compute_wgs=2, block_kv=128)  # with pingpong given per case
 GPU_CASES = [
     ("qwen3_heads_ragged", (2, 32, 8, 1000, 128), [1000, 613], _cfg(window=128, rho=0.05), "vti", {}),
