@@ -1,0 +1,180 @@
+"""H200 check of the Mosaic GPU low-bit decode kernel (`pallas_kernels/decode_mgpu.py`): correct, and how fast.
+
+1. Correctness: the kernel's splits, merged, against the float64 oracle `reference_low_bit` on random caches
+   (ragged page counts, sequences without pages, more splits than pages).
+2. Speed, one process, the same frozen cache (Qwen3-8B heads, K4V4 channel_key): the Mosaic low-bit kernel
+   (q preparation and merge included) against the Triton kernel's whole decode and cuDNN bf16, ms per call
+   in a jitted loop, plus the bytes the Mosaic kernel reads and its bandwidth.
+
+  PYTHONPATH=. python benchmarks/decode_mgpu_check.py --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import environment, time_in_loop  # noqa: E402
+from pallas_kernels import decode_mgpu as dm  # noqa: E402
+
+LOG2E = math.log2(math.e)
+
+
+def random_case(batch, heads, pages, num_pages, seed, partial=True):
+    rng = np.random.default_rng(seed)
+    slots = pages * dm.PAGE
+    q = rng.normal(size=(batch, heads, dm.ROWS, dm.HEAD_DIM)) * 0.2
+    kc = rng.integers(0, 256, (batch, heads, slots, dm.BYTES), dtype=np.uint8)
+    ks = np.asarray(jnp.asarray(rng.uniform(0.02, 0.2, (batch, heads, pages, dm.HEAD_DIM)), jnp.bfloat16))
+    kz = np.asarray(jnp.asarray(rng.normal(size=(batch, heads, pages, dm.HEAD_DIM)), jnp.bfloat16))
+    vc = rng.integers(0, 256, (batch, heads, slots, dm.BYTES), dtype=np.uint8)
+    vs = np.asarray(jnp.asarray(rng.uniform(0.02, 0.2, (batch, heads, slots)), jnp.bfloat16))
+    vz = np.asarray(jnp.asarray(rng.normal(size=(batch, heads, slots)), jnp.bfloat16))
+    cnt = rng.integers(1, dm.PAGE + 1, (batch, pages)).astype(np.int32) if partial else \
+        np.full((batch, pages), dm.PAGE, np.int32)
+    return q, kc, ks, kz, vc, vs, vz, cnt, np.asarray(num_pages, np.int32)
+
+
+def run_mgpu(q_nat, kc, ks, kz, vc, vs, vz, cnt, npg, splits, stages):
+    q = jnp.asarray(np.asarray(q_nat)[..., dm.KEY_CHANNELS], jnp.float16)
+    o, m, l = dm.low_bit_splits(q, jnp.asarray(kc), jnp.asarray(ks), jnp.asarray(kz),
+                                jnp.asarray(vc), jnp.asarray(vs), jnp.asarray(vz),
+                                jnp.asarray(cnt), jnp.asarray(npg), num_splits=splits, stages=stages)
+    return np.asarray(dm.merge(o, m, l), np.float64), np.asarray(o), np.asarray(m), np.asarray(l)
+
+
+def correctness(log):
+    rows = []
+    cases = [
+        ("B1 H2 4 pages, 2 splits", dict(batch=1, heads=2, pages=4, num_pages=[4], seed=0, partial=False), 2, 2),
+        ("ragged B3 (5, 0, 3 pages), 4 splits", dict(batch=3, heads=2, pages=6, num_pages=[5, 0, 3], seed=1), 4, 3),
+        ("B2 more splits than pages", dict(batch=2, heads=1, pages=3, num_pages=[3, 1], seed=2), 8, 2),
+        ("B1 H8 40 pages, 5 splits, 4 stages", dict(batch=1, heads=8, pages=40, num_pages=[37], seed=3), 5, 4),
+    ]
+    for name, kw, splits, stages in cases:
+        args = random_case(**kw)
+        # the kernel's keys are rounded to fp16 and q is fp16: compare against the oracle on the same q
+        q16 = np.asarray(jnp.asarray(args[0], jnp.float16), np.float64)
+        try:
+            out, o, m, l = run_mgpu(q16, *args[1:], splits, stages)
+            want, m_want, l_want = dm.reference_low_bit(q16, *args[1:])
+            has = np.asarray(args[-1]) > 0
+            err = float(np.linalg.norm(out[has] - want[has]) / np.linalg.norm(want[has]))
+            empty_ok = bool(np.all(out[~has] == 0)) if (~has).any() else True
+            finite = bool(np.all(np.isfinite(out)))
+            row = dict(case=name, rel_err=err, empty_sequences_zero=empty_ok, finite=finite,
+                       ok=bool(err < 1e-2 and empty_ok and finite))
+        except Exception as e:  # report and go on
+            row = dict(case=name, error=f"{type(e).__name__}: {e}"[:2000], ok=False)
+            traceback.print_exc()
+        log(json.dumps(row))
+        rows.append(row)
+    return rows
+
+
+def speed(log, contexts, splits_per_sm, stage_list):
+    import hyquant_jax as hq
+    from benchmarks.decode_kernel import CONFIG, cudnn_attention, hybrid_fn, make_inputs
+    from hyquant_jax.decode_kernel import DecodeTuning
+
+    rows = []
+    for batch, context in contexts:
+        inp = make_inputs(batch, 32, 8, 128, context, CONFIG)
+        c = inp.cache
+        b, h = c.batch, c.num_kv_heads
+        group = 32 // h
+        ops = (c.k_codes, c.k_scale, c.k_zero, c.v_codes, c.v_scale[..., 0], c.v_zero[..., 0],
+               c.page_count, c.num_pages)
+        jax.block_until_ready(ops)
+        pages_used = int(np.max(np.asarray(c.num_pages)))
+        low_tokens = int(np.asarray(c.page_count).sum())
+        nbytes = b * h * pages_used * (dm.PAGE * 2 * dm.BYTES + 2 * dm.HEAD_DIM * 2 + dm.PAGE * 2 * 2)
+
+        def prep(q):
+            qg = q.reshape(b, h, group, 128).astype(jnp.float32) * (LOG2E / math.sqrt(128))
+            qg = jnp.pad(qg, ((0, 0), (0, 0), (0, dm.ROWS - group), (0, 0)))
+            return qg[..., dm.KEY_CHANNELS].astype(jnp.float16)
+
+        def mgpu_fn(splits, stages):
+            def fn(q, *operands):
+                o, m, l = dm.low_bit_splits(prep(q), *operands, num_splits=splits, stages=stages)
+                out = dm.merge(o, m, l)[:, :, :group].reshape(b, 32, 128)
+                return out.astype(q.dtype)
+            return fn
+
+        # accuracy of the low-bit region on the real cache
+        # (the first sequence only: the float64 oracle of B16 32K would take minutes)
+        qn = np.asarray(prep(inp.q).astype(jnp.float32))[:1][..., np.argsort(dm.KEY_CHANNELS)]
+        want, _, _ = dm.reference_low_bit(qn, *[np.asarray(x)[:1] for x in (
+            c.k_codes, c.k_scale, c.k_zero, c.v_codes, c.v_scale[..., 0], c.v_zero[..., 0], c.page_count,
+            c.num_pages)])
+        iters = int(max(20, min(400, 4e6 / (context * batch))))
+        base = dict(batch=batch, context=context, low_bit_tokens_per_head=low_tokens // b, bytes_read=nbytes)
+        for name, fn, operands in [("cudnn_bf16", cudnn_attention, (inp.k, inp.v)),
+                                   ("triton_whole_decode", hybrid_fn(CONFIG, DecodeTuning()), (c,))]:
+            try:
+                ms = 1e3 * time_in_loop(fn, inp.q, operands, iters, 5)
+                row = dict(base, kernel=name, ms=ms)
+            except Exception as e:
+                row = dict(base, kernel=name, error=f"{type(e).__name__}: {e}"[:500])
+            log(json.dumps(row))
+            rows.append(row)
+        for per_sm in splits_per_sm:
+            splits = dm.default_splits(b, h, pages_used, per_sm=per_sm)
+            for stages in stage_list:
+                try:
+                    fn = mgpu_fn(splits, stages)
+                    o, m, l = jax.jit(lambda q, *a: dm.low_bit_splits(prep(q), *a, num_splits=splits,
+                                                                          stages=stages))(inp.q, *ops)
+                    got = np.asarray(dm.merge(o, m, l), np.float64)[:1]
+                    err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+                    ms = 1e3 * time_in_loop(fn, inp.q, ops, iters, 5)
+                    row = dict(base, kernel="mosaic_low_bit", splits=splits, per_sm=per_sm, stages=stages, ms=ms,
+                               rel_err_vs_oracle=err, tb_per_s=nbytes / (ms * 1e-3) / 1e12)
+                except Exception as e:
+                    row = dict(base, kernel="mosaic_low_bit", splits=splits, stages=stages,
+                               error=f"{type(e).__name__}: {e}"[:1500])
+                    traceback.print_exc()
+                log(json.dumps(row))
+                rows.append(row)
+    return rows
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=".")
+    p.add_argument("--skip-speed", action="store_true")
+    p.add_argument("--contexts", default="1x32768,16x32768,1x131072", help="BxS list")
+    p.add_argument("--per-sm", default="2,4,8")
+    p.add_argument("--stages", default="2,3,4")
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    log_file = open(os.path.join(args.out, "decode_mgpu_check.log"), "w")
+
+    def log(line):
+        print(line, flush=True)
+        log_file.write(line + "\n")
+        log_file.flush()
+
+    result = dict(environment=environment(), command=" ".join(sys.argv))
+    result["correctness"] = correctness(log)
+    if not args.skip_speed and all(r.get("ok") for r in result["correctness"]):
+        contexts = [tuple(int(x) for x in s.split("x")) for s in args.contexts.split(",")]
+        result["speed"] = speed(log, contexts, [int(x) for x in args.per_sm.split(",")],
+                                [int(x) for x in args.stages.split(",")])
+    with open(os.path.join(args.out, "decode_mgpu_check.json"), "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

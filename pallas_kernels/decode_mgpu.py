@@ -1,0 +1,432 @@
+"""Mosaic GPU (Hopper) kernel: decode attention over the low-bit region of a hybrid KV cache.
+
+Scope: 4-bit keys under "channel_key" (a scale and zero point per channel and page), 4-bit values with a
+scale and zero point per token, head_dim 128, pages of 64 tokens, GQA groups of at most 16 query heads.
+One new query token per sequence; the output is the split-K partial state (unnormalized output, running
+max and denominator per split), merged by log-sum-exp like the Triton kernel's splits.
+
+Why this kernel exists (benchmarks/NOTES.md, "Where the decode kernel stands"): the Triton kernel spends
+~54 warp instructions per (token, KV head), so it moves 4-bit codes at ~1 TB/s, a third of the HBM speed.
+Here the 4-bit codes become fp16 wgmma operands with 4 integer ops per 8 codes and no relayout:
+
+* tokens are the M dimension of both products (logits^T = K . q^T, out^T = V^T . P^T), so the code tiles
+  are *register* A operands and never go back to shared memory;
+* the codes are read in the cache's own layout and used as they are: a thread loads 16 contiguous key
+  bytes per token row (one 128-bit shared load) and takes the channels in the order they come, so the
+  query's channels are permuted once per call to match (`KEY_CHANNELS`); value tiles are read transposed
+  by `ldmatrix.trans` from a 64-byte-swizzled slot, and the output rows come out in `VALUE_CHANNELS`
+  order;
+* a byte pair becomes two fp16 values with one `prmt` (shared by both nibbles) and one `lop3`:
+  0x6400 | u is 1024 + u and 0x6400 | (u << 4) is 1024 + 16 u, exactly; one f16x2 subtract (or
+  multiply-add by 1/16 and -64) leaves u, exact; keys then take one f16x2 multiply-add u * scale + zero
+  (rounded to fp16, as the Triton kernel's keys are);
+* the value scale multiplies the probabilities (P' = p * scale_t) and the value zero point adds
+  sum_t p_t * zero_t per row, so the value codes enter the tensor cores as they are.
+
+The softmax runs in base 2 (the caller folds softmax_scale * log2(e) into q). Per page there is one
+cross-warp reduction (the row maxima); the denominators and zero-point sums are accumulated per thread
+and reduced once at the end of a split.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+PAGE = 64  # tokens per page
+HEAD_DIM = 128
+BYTES = HEAD_DIM // 2  # packed bytes per token: byte i holds dim i (low nibble) and dim 64 + i (high nibble)
+ROWS = 16  # query rows per KV head (the GQA group, zero-padded); wgmma N
+NEG_INIT = -1e30  # finite running-max start: an empty split gives weight exp2(-1e30 - m) = 0 in the merge
+COPIES_PER_PAGE = 6  # bulk copies behind a slot's barrier: key codes, key scale, key zero, value codes,
+# value scale, value zero
+
+
+def _key_channels() -> np.ndarray:
+    """KEY_CHANNELS[v] = the head dim held by virtual channel v of the key tile (and of the permuted q).
+
+    Thread (warp w, lane 4g + j) loads bytes 16j .. 16j + 15 of its token rows as 4 words i; word i's bytes
+    2r, 2r + 1 give the register of column tile 2c + r (c = 2i + nibble), columns 2j, 2j + 1 of it: the
+    virtual channel v = 16c + 8r + 2j + e holds dim 16j + 4i + 2r + e + 64 * nibble.
+    """
+    v = np.arange(HEAD_DIM)
+    c, r, j, e = v // 16, (v // 8) % 2, (v // 2) % 4, v % 2
+    return 16 * j + 4 * (c // 2) + 2 * r + e + 64 * (c % 2)
+
+
+KEY_CHANNELS = _key_channels()
+
+
+def _f16x2(x):
+    from jax.experimental.mosaic.gpu import utils
+    from jax._src.lib.mlir import ir
+
+    return utils.bitcast(x, ir.VectorType.get((2,), ir.F16Type.get()))
+
+
+def _load_words(ref, index, count: int):
+    """`count` i32 words from a shared-memory ref, 16-byte aligned vector `index` (i32) onwards."""
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith, llvm, vector
+    from jax.experimental.mosaic.gpu import utils
+
+    i32, i64 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(64)
+    v4 = ir.VectorType.get((4,), i32)
+    base = utils.memref_ptr(ref)
+    words = []
+    for k in range(count // 4):
+        idx = arith.extui(i64, arith.addi(index, arith.constant(i32, k)))
+        ptr = utils.getelementptr(base, [idx], v4)
+        vec = llvm.load(v4, ptr)
+        words += [vector.extract(vec, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([n]))
+                  for n in range(4)]
+    return words
+
+
+def _thread_coords():
+    """(warp w, row g = lane // 4, column pair j = lane % 4) of this thread in its warpgroup, as i32."""
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith
+    from jax.experimental.mosaic.gpu import utils
+
+    i32 = ir.IntegerType.get_signless(32)
+    c = lambda x: arith.constant(i32, x)  # noqa: E731
+    tid = arith.remui(utils.thread_idx(), c(128))
+    lane = arith.remui(tid, c(32))
+    return tid, arith.divui(tid, c(32)), arith.divui(lane, c(4)), arith.remui(lane, c(4)), c
+
+
+# One byte pair (bytes 2r, 2r + 1 of a word, spread to the low bytes of the two halves by prmt) -> two codes.
+_LOW_CODES = """{
+.reg .b32 h, m;
+lop3.b32 h, $1, 0x000F000F, 0x64006400, 0xEA;
+mov.b32 m, 0x64006400;
+sub.rn.f16x2 $0, h, m;
+}"""
+_HIGH_CODES = """{
+.reg .b32 h, m, n;
+lop3.b32 h, $1, 0x00F000F0, 0x64006400, 0xEA;
+mov.b32 m, 0x2C002C00;
+mov.b32 n, 0xD400D400;
+fma.rn.f16x2 $0, h, m, n;
+}"""
+
+
+def _codes(pair, high: bool):
+    from jax._src.lib.mlir import ir
+    from jax.experimental.mosaic.gpu import utils
+
+    i32 = ir.IntegerType.get_signless(32)
+    return utils.inline_ptx(_HIGH_CODES if high else _LOW_CODES, pair, result_types=i32)
+
+
+def _spread(word, r: int):
+    """Bytes 2r and 2r + 1 of `word` into bytes 0 and 2 (the low bytes of the two f16 halves)."""
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith
+    from jax.experimental.mosaic.gpu import utils
+
+    i32 = ir.IntegerType.get_signless(32)
+    zero = arith.constant(i32, 0)
+    return utils.prmt(word, zero, arith.constant(i32, 0x4140 if r == 0 else 0x4342))
+
+
+def _key_tile(ctx, codes, scale, zero, staging):
+    """Dequantized key tile: f16 [64 tokens, 128 virtual channels] in the WGMMA layout (A operand).
+
+    codes: uint8 [64, 64]; scale, zero: bf16 [128] (this page's channel parameters); staging: i32 [128],
+    where the warpgroup converts the parameters to f16 pairs (threads 0-63 the scales, 64-127 the zeros).
+    """
+    del ctx
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith, llvm
+    from jax.experimental.mosaic import gpu as mgpu
+    from jax.experimental.mosaic.gpu import utils
+
+    i32, i64 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(64)
+    tid, w, g, j, c = _thread_coords()
+    # bf16 pairs -> f16 pairs, one pair per thread, through `staging`
+    first = arith.cmpi(arith.CmpIPredicate.ult, tid, c(64))
+    src = llvm.select(first, utils.memref_ptr(scale), utils.memref_ptr(zero))
+    pair = llvm.load(i32, utils.getelementptr(src, [arith.extui(i64, arith.remui(tid, c(64)))], i32))
+    f16_pair = utils.inline_ptx(
+        "{ .reg .b32 lo, hi; shl.b32 lo, $1, 16; and.b32 hi, $1, 0xFFFF0000; cvt.rn.f16x2.f32 $0, hi, lo; }",
+        pair, result_types=i32)
+    llvm.store(f16_pair, utils.getelementptr(utils.memref_ptr(staging), [arith.extui(i64, tid)], i32))
+    utils.warpgroup_barrier()
+    # this thread's dims: 16j .. 16j + 15 and 64 + 16j .. (pairs k = 0..7 of each half)
+    s_lo = _load_words(staging, arith.muli(j, c(2)), 8)
+    s_hi = _load_words(staging, arith.addi(arith.muli(j, c(2)), c(8)), 8)
+    z_lo = _load_words(staging, arith.addi(arith.muli(j, c(2)), c(16)), 8)
+    z_hi = _load_words(staging, arith.addi(arith.muli(j, c(2)), c(24)), 8)
+    layout = mgpu.WGMMA_LAYOUT
+    regs = np.empty(layout.registers_shape((PAGE, HEAD_DIM)), dtype=object)
+    for h in range(2):
+        row = arith.addi(arith.addi(arith.muli(w, c(16)), g), c(8 * h))
+        words = _load_words(codes, arith.addi(arith.muli(row, c(4)), j), 4)
+        for i in range(4):
+            for r in range(2):
+                spread = _spread(words[i], r)
+                for nibble in range(2):
+                    k = 2 * i + r
+                    s, z = (s_hi[k], z_hi[k]) if nibble else (s_lo[k], z_lo[k])
+                    u = _codes(spread, high=bool(nibble))
+                    key = utils.inline_ptx("fma.rn.f16x2 $0, $1, $2, $3;", u, s, z, result_types=i32)
+                    regs[0, 2 * (2 * i + nibble) + r, 0, 0, h, 0, 0, 0, 0] = _f16x2(key)
+    return mgpu.FragmentedArray(_registers=regs, _layout=layout, _is_signed=None)
+
+
+def _value_tile(ctx, codes):
+    """Value codes as f16 [128, 64 tokens] in the WGMMA layout (A operand of out^T = V^T . P^T), read from the
+    cache's own page layout with transposing matrix loads.
+
+    codes: uint8 [64 tokens, 64 bytes] in shared memory with the 64-byte swizzle (the 16-byte chunk c of row
+    t sits at chunk c ^ ((t // 2) % 4)). `ldmatrix.trans` on 8 x 8 tiles of 16-bit pairs gives thread
+    (warp w, lane 4g + j) bytes 16w + 2g and 16w + 2g + 1 of tokens 8c + 2j and 8c + 2j + 1 for each column
+    tile c: one prmt per byte column spreads them into the two f16 halves. Row 64R + 16w + 8h + g of the
+    tile is channel VALUE_CHANNELS[row] = 64R + 16w + 2g + h (R: nibble, h: byte of the pair).
+    """
+    del ctx
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith, llvm
+    from jax.experimental.mosaic import gpu as mgpu
+    from jax.experimental.mosaic.gpu import utils
+
+    i32 = ir.IntegerType.get_signless(32)
+    tid, w, g, j, c = _thread_coords()
+    lane = arith.remui(tid, c(32))
+    base = llvm.ptrtoint(i32, utils.memref_ptr(codes))
+    layout = mgpu.WGMMA_LAYOUT
+    regs = np.empty(layout.registers_shape((HEAD_DIM, PAGE)), dtype=object)
+    for quad in range(2):
+        # lane l supplies the address of row l % 8 of tile 4 * quad + l // 8: token 8 * tile + l % 8, chunk w
+        token = arith.addi(arith.muli(arith.addi(arith.divui(lane, c(8)), c(4 * quad)), c(8)), arith.remui(lane, c(8)))
+        chunk = arith.xori(w, arith.remui(arith.divui(token, c(2)), c(4)))
+        addr = arith.addi(base, arith.addi(arith.muli(token, c(PAGE)), arith.muli(chunk, c(16))))
+        tiles = utils.inline_ptx(
+            "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {$0, $1, $2, $3}, [$4];", addr,
+            result_types=[i32] * 4)
+        for k, word in enumerate(tiles):
+            for h, sel in enumerate((0x4240, 0x4341)):
+                spread = utils.prmt(word, arith.constant(i32, 0), arith.constant(i32, sel))
+                for nibble in range(2):
+                    regs[nibble, 4 * quad + k, 0, 0, h, 0, 0, 0, 0] = _f16x2(_codes(spread, high=bool(nibble)))
+    return mgpu.FragmentedArray(_registers=regs, _layout=layout, _is_signed=None)
+
+
+def _value_channels() -> np.ndarray:
+    """VALUE_CHANNELS[r] = the head dim held by row r of the value tile (and of the kernel's output rows)."""
+    r = np.arange(HEAD_DIM)
+    nibble, w, h, g = r // 64, (r // 16) % 4, (r // 8) % 2, r % 8
+    return 64 * nibble + 16 * w + 2 * g + h
+
+
+VALUE_CHANNELS = _value_channels()
+NATURAL_FROM_VALUE_ROWS = np.argsort(VALUE_CHANNELS)
+
+
+def _swizzled(dtype, cols: int):
+    bits = jnp.dtype(dtype).itemsize * 8
+    swizzle = plgpu.find_swizzle(cols * bits)
+    return plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle)
+
+
+def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_ref, o_ref, ml_ref,
+            q_s, kc_s, ks_s, kz_s, vc_s, vs_s, vz_s, staging_s, p_s, o_s, ml_s, setup_bar, full,
+            *, stages: int, num_splits: int, pages: int):
+    b, h, split = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("splits")
+    plgpu.copy_gmem_to_smem(q_ref.at[b, h], q_s, setup_bar)
+    num_pages = plgpu.load(np_ref.at[b])
+    per_split = (num_pages + num_splits - 1) // num_splits
+    first = jnp.minimum(split * per_split, num_pages)
+    stop = jnp.minimum(first + per_split, num_pages)
+
+    def issue(page, slot):
+        bar = full.at[slot]
+        plgpu.copy_gmem_to_smem(kc_ref.at[b, h, pl.ds(page * PAGE, PAGE)], kc_s.at[slot], bar)
+        plgpu.copy_gmem_to_smem(ks_ref.at[b, h, page], ks_s.at[slot], bar)
+        plgpu.copy_gmem_to_smem(kz_ref.at[b, h, page], kz_s.at[slot], bar)
+        plgpu.copy_gmem_to_smem(vc_ref.at[b, h, pl.ds(page * PAGE, PAGE)], vc_s.at[slot], bar)
+        plgpu.copy_gmem_to_smem(vs_ref.at[b, h, pl.ds(page * PAGE, PAGE)], vs_s.at[slot], bar)
+        plgpu.copy_gmem_to_smem(vz_ref.at[b, h, pl.ds(page * PAGE, PAGE)], vz_s.at[slot], bar)
+
+    for k in range(stages):
+        @pl.when(first + k < stop)
+        def _prologue(k=k):
+            issue(first + k, k)
+
+    plgpu.barrier_wait(setup_bar)
+    wg = plgpu.Layout.WGMMA
+    key_tile = plgpu.inline_mgpu(
+        arg_types=(plgpu.RefType(),) * 4,
+        return_type=plgpu.ShapeDtypeStruct((PAGE, HEAD_DIM), jnp.float16, layout=wg))(_key_tile)
+    value_tile = plgpu.inline_mgpu(
+        arg_types=(plgpu.RefType(transforms=_swizzled(jnp.uint8, BYTES)),),
+        return_type=plgpu.ShapeDtypeStruct((HEAD_DIM, PAGE), jnp.float16, layout=wg))(_value_tile)
+    per_token = functools.partial(lax.broadcast_in_dim, shape=(PAGE, ROWS), broadcast_dimensions=[0])
+    per_row = functools.partial(lax.broadcast_in_dim, shape=(PAGE, ROWS), broadcast_dimensions=[1])
+
+    def body(page, carry):
+        acc, m, l_part, z_part = carry
+        slot = (page - first) % stages
+        count = plgpu.load(cnt_ref.at[b, page])  # issued before the wait: its latency hides behind the copy
+        plgpu.barrier_wait(full.at[slot])
+        keys = key_tile(kc_s.at[slot], ks_s.at[slot], kz_s.at[slot], staging_s)
+
+        def qk(acc_ref):
+            plgpu.wgmma(acc_ref, keys, q_s.T)
+            values = value_tile(vc_s.at[slot])  # unpacked while the tensor cores run Q.K
+            return acc_ref[...], values
+
+        s, values = pl.run_scoped(qk, plgpu.ACC((PAGE, ROWS), jnp.float32))
+        tokens = plgpu.broadcasted_iota(jnp.int32, (PAGE, ROWS), 0, layout=wg)
+        s = jnp.where(tokens < count, s, -jnp.inf)
+        m_new = jnp.maximum(m, s.max(axis=0))
+        alpha = jnp.exp2(m - m_new)
+        p = jnp.exp2(s - per_row(m_new))
+        v_scale = plgpu.load(vs_s.at[slot], layout=wg.reduce(1)).astype(jnp.float32)
+        v_zero = plgpu.load(vz_s.at[slot], layout=wg.reduce(1)).astype(jnp.float32)
+        l_part = l_part * per_row(alpha) + p
+        z_part = z_part * per_row(alpha) + p * per_token(v_zero)
+        p_s[...] = (p * per_token(v_scale)).astype(jnp.float16)
+        plgpu.commit_smem()  # P visible to the tensor cores; every thread is done reading the slot
+
+        @pl.when(page + stages < stop)
+        def _refill():
+            issue(page + stages, slot)
+
+        def pv(acc_ref):
+            plgpu.wgmma(acc_ref, values, p_s)
+
+        acc = pl.run_state(pv)(plgpu.ACC.init(acc * lax.broadcast_in_dim(alpha, acc.shape, [1])))
+        return acc, m_new, l_part, z_part
+
+    carry = (plgpu.layout_cast(jnp.zeros((HEAD_DIM, ROWS), jnp.float32), wg),
+             plgpu.layout_cast(jnp.full((ROWS,), NEG_INIT, jnp.float32), wg.reduce(0)),
+             plgpu.layout_cast(jnp.zeros((PAGE, ROWS), jnp.float32), wg),
+             plgpu.layout_cast(jnp.zeros((PAGE, ROWS), jnp.float32), wg))
+    acc, m, l_part, z_part = lax.fori_loop(first, stop, body, carry)
+    o_s[...] = acc + lax.broadcast_in_dim(z_part.sum(axis=0), acc.shape, [1])
+    ml_s[0] = m
+    ml_s[1] = l_part.sum(axis=0)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_s, o_ref.at[b, h, split])
+    plgpu.copy_smem_to_gmem(ml_s, ml_ref.at[b, h, split])
+    plgpu.wait_smem_to_gmem(0)
+
+
+@functools.partial(jax.jit, static_argnames=("num_splits", "stages"))
+def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_count, num_pages, *,
+                   num_splits: int, stages: int = 2):
+    """Split-K decode attention over the low-bit pages of each (sequence, KV head), on the cache's own arrays.
+
+    q: f16 [B, H, 16, 128], query rows of each KV head's GQA group (zero rows past the group), channels in
+      KEY_CHANNELS order, times softmax_scale * log2(e) (base-2 logits);
+    k_codes, v_codes: uint8 [B, H, S, 64] (the cache's packing); k_scale, k_zero: bf16 [B, H, S // 64, 128]
+      per page and channel; v_scale, v_zero: bf16 [B, H, S] per token; page_count: int32 [B, S // 64] tokens
+      at the front of each page; num_pages: int32 [B] pages in use.
+    Returns (o f32 [B, H, splits, 16, 128] unnormalized, channels in VALUE_CHANNELS order; m f32
+    [B, H, splits, 16] base-2 running max; l f32 [B, H, splits, 16] denominator). A split without pages has
+    o = 0, m = NEG_INIT and l = 0. `merge` combines the splits.
+    """
+    bsz, heads, slots, _ = k_codes.shape
+    pages = slots // PAGE
+    expected = {
+        "q": (q, (bsz, heads, ROWS, HEAD_DIM), jnp.float16),
+        "k_codes": (k_codes, (bsz, heads, pages * PAGE, BYTES), jnp.uint8),
+        "k_scale": (k_scale, (bsz, heads, pages, HEAD_DIM), jnp.bfloat16),
+        "k_zero": (k_zero, (bsz, heads, pages, HEAD_DIM), jnp.bfloat16),
+        "v_codes": (v_codes, (bsz, heads, pages * PAGE, BYTES), jnp.uint8),
+        "v_scale": (v_scale, (bsz, heads, pages * PAGE), jnp.bfloat16),
+        "v_zero": (v_zero, (bsz, heads, pages * PAGE), jnp.bfloat16),
+        "page_count": (page_count, (bsz, pages), jnp.int32),
+        "num_pages": (num_pages, (bsz,), jnp.int32),
+    }
+    for name, (x, shape, dtype) in expected.items():
+        if x.shape != shape or x.dtype != dtype:
+            raise ValueError(f"{name} must be {jnp.dtype(dtype).name} {shape}, got {x.dtype} {x.shape}")
+    if num_splits < 1 or stages < 1:
+        raise ValueError(f"num_splits and stages must be >= 1, got {num_splits}, {stages}")
+    f32, u8, bf16 = jnp.float32, jnp.uint8, jnp.bfloat16
+    kernel = plgpu.kernel(
+        functools.partial(_kernel, stages=stages, num_splits=num_splits, pages=pages),
+        out_type=(jax.ShapeDtypeStruct((bsz, heads, num_splits, HEAD_DIM, ROWS), f32),
+                  jax.ShapeDtypeStruct((bsz, heads, num_splits, 2, ROWS), f32)),
+        grid=(bsz, heads, num_splits),
+        grid_names=("batch", "heads", "splits"),
+        scratch_types=[
+            plgpu.SMEM((ROWS, HEAD_DIM), jnp.float16, transforms=_swizzled(jnp.float16, HEAD_DIM)),
+            plgpu.SMEM((stages, PAGE, BYTES), u8),
+            plgpu.SMEM((stages, HEAD_DIM), bf16),
+            plgpu.SMEM((stages, HEAD_DIM), bf16),
+            plgpu.SMEM((stages, PAGE, BYTES), u8, transforms=_swizzled(u8, BYTES)),  # 64-byte swizzle
+            plgpu.SMEM((stages, PAGE), bf16),
+            plgpu.SMEM((stages, PAGE), bf16),
+            plgpu.SMEM((HEAD_DIM,), jnp.int32),  # f16 pairs of the key scales and zeros
+            plgpu.SMEM((PAGE, ROWS), jnp.float16, transforms=_swizzled(jnp.float16, ROWS)),
+            plgpu.SMEM((HEAD_DIM, ROWS), f32),
+            plgpu.SMEM((2, ROWS), f32),
+            plgpu.Barrier(num_arrivals=1),
+            plgpu.Barrier(num_arrivals=COPIES_PER_PAGE, num_barriers=stages),
+        ],
+        # Every shared buffer is either written by threads and read by the tensor cores or bulk copies after
+        # an explicit commit (P, the output), or filled by bulk copies and read by threads before the commit
+        # that precedes its refill (the page slots), or exchanged between threads across an explicit barrier
+        # (the key parameters): Pallas's automatic barriers around each store and copy are not needed.
+        compiler_params=plgpu.CompilerParams(unsafe_no_auto_barriers=True),
+    )
+    o_t, ml = kernel(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_count, num_pages)
+    return jnp.swapaxes(o_t, -1, -2), ml[..., 0, :], ml[..., 1, :]
+
+
+def reference_low_bit(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_count, num_pages):
+    """float64 NumPy oracle of `low_bit_splits` merged over splits: (out [B, H, 16, 128], m, l), where out is
+    the softmax-weighted sum (normalized) and q is in the *natural* channel order, base-2 logits."""
+    q = np.asarray(q, np.float64)
+    bsz, heads, slots, _ = k_codes.shape
+    codes = np.asarray(k_codes)
+    kq = np.concatenate([codes & 0xF, codes >> 4], axis=-1).astype(np.float64)
+    vcodes = np.asarray(v_codes)
+    vq = np.concatenate([vcodes & 0xF, vcodes >> 4], axis=-1).astype(np.float64)
+    ks = np.repeat(np.asarray(k_scale, np.float64), PAGE, axis=2)
+    kz = np.repeat(np.asarray(k_zero, np.float64), PAGE, axis=2)
+    keys = kq * ks + kz
+    vals = vq * np.asarray(v_scale, np.float64)[..., None] + np.asarray(v_zero, np.float64)[..., None]
+    out = np.zeros(q.shape)
+    m_all = np.full(q.shape[:3], -np.inf)
+    l_all = np.zeros(q.shape[:3])
+    for bi in range(bsz):
+        valid = np.zeros(slots, bool)
+        for p in range(int(num_pages[bi])):
+            valid[p * PAGE: p * PAGE + int(page_count[bi, p])] = True
+        if not valid.any():
+            continue
+        for hi in range(heads):
+            s = q[bi, hi] @ keys[bi, hi, valid].T
+            m = s.max(axis=1)
+            p = np.exp2(s - m[:, None])
+            out[bi, hi] = p @ vals[bi, hi, valid] / p.sum(axis=1)[:, None]
+            m_all[bi, hi], l_all[bi, hi] = m, p.sum(axis=1)
+    return out, m_all, l_all
+
+
+def merge(o, m, l):
+    """Merge `low_bit_splits`' partial states into the normalized output [..., 16, 128], channels in the
+    natural order (0 for a sequence without pages)."""
+    m_max = m.max(axis=-2, keepdims=True)
+    w = jnp.exp2(m - m_max)
+    num = (o * w[..., None]).sum(axis=-3)
+    den = (l * w).sum(axis=-2)
+    return (num / jnp.where(den > 0, den, 1.0)[..., None])[..., NATURAL_FROM_VALUE_ROWS]
+
+
+def default_splits(batch: int, heads: int, pages: int, sms: int = 132, per_sm: int = 4) -> int:
+    """Splits so that batch * heads * splits fills `per_sm` blocks per multiprocessor, at least 1 page each."""
+    return max(1, min(pages, math.ceil(sms * per_sm / max(batch * heads, 1))))
