@@ -32,7 +32,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import hyquant_jax as hq  # noqa: E402
 from benchmarks.common import environment, sm_count, time_in_loop, time_per_call, write_json  # noqa: E402
-from hyquant_jax.decode_kernel import DecodeTuning, decode_attention as kernel_decode, decode_layout  # noqa: E402
+from hyquant_jax.decode_kernel import (  # noqa: E402
+    DecodeTuning, decode_attention as kernel_decode, decode_layout, use_mosaic_low_bit)
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -199,13 +200,16 @@ def sweep(inp: Inputs, config, iters, reps, log) -> tuple[DecodeTuning, list]:
 
 
 TUNING_KEYS = {"warps": "num_warps", "stages": "num_stages", "pages": "pages_per_tile", "n_low": "n_low",
-               "n_vl": "n_vl", "convert": "convert"}
+               "n_vl": "n_vl", "convert": "convert", "low": "low_bit", "mosaic_per_sm": "mosaic_blocks_per_sm",
+               "mosaic_stages": "mosaic_stages"}
+STRING_KEYS = ("convert", "low")
 
 
 def parse_tunings(spec: str) -> list[DecodeTuning]:
     """'warps=1,pages=1;warps=2' -> [DecodeTuning(num_warps=1, pages_per_tile=1), DecodeTuning(num_warps=2)].
 
-    An empty item is the default tuning. Keys: warps, stages, pages, n_low, n_vl, convert.
+    An empty item is the default tuning. Keys: warps, stages, pages, n_low, n_vl, convert, low (the low-bit
+    kernel: mosaic or triton), mosaic_per_sm, mosaic_stages.
     """
     out = []
     for item in spec.split(";"):
@@ -214,7 +218,7 @@ def parse_tunings(spec: str) -> list[DecodeTuning]:
             key, _, value = kv.partition("=")
             if key not in TUNING_KEYS or not value:
                 raise ValueError(f"--compare-tunings: bad item {kv!r}; expected key=value with key in {sorted(TUNING_KEYS)}")
-            fields[TUNING_KEYS[key]] = value if key == "convert" else int(value)
+            fields[TUNING_KEYS[key]] = value if key in STRING_KEYS else int(value)
         out.append(DecodeTuning(sm_count=sm_count(), **fields))
     return out
 
@@ -270,6 +274,11 @@ def run_case(name, batch, q_heads, kv_heads, head_dim, context, tuning, reps, lo
     row["hybrid_rel_err_vs_reference"] = check_hybrid(inp, CONFIG, tuning)
     bf16_ops = (inp.q, (inp.k, inp.v))
     row["hybrid"] = measure(hybrid_fn(CONFIG, tuning), inp.q, (inp.cache,), iters, reps)
+    row["low_bit_kernel"] = "mosaic" if use_mosaic_low_bit(inp.cache, CONFIG, q_heads, tuning, INTERPRET) else "triton"
+    if row["low_bit_kernel"] == "mosaic":  # the Triton kernel alone, on the same cache, for the comparison
+        triton = dataclasses.replace(tuning, low_bit="triton")
+        row["hybrid_triton"] = measure(hybrid_fn(CONFIG, triton), inp.q, (inp.cache,), iters, reps)
+        row["hybrid_triton"]["rel_err_vs_reference"] = check_hybrid(inp, CONFIG, triton)
     row["cudnn"] = measure(cudnn_attention, *bf16_ops, iters, reps)
     row["xla"] = measure(xla_attention, *bf16_ops, iters, reps)
     pallas = [measure(lambda q, k, v, s=s: pallas_attention(q, k, v, s), *bf16_ops, iters, reps) for s in (16, 64)]
@@ -285,8 +294,8 @@ def run_case(name, batch, q_heads, kv_heads, head_dim, context, tuning, reps, lo
             row[f"hybrid_{scheme}"]["rel_err_vs_reference"] = check_hybrid(sinp, cfg, tuning)
     best = min((row[m]["loop_ms"], m) for m in ("cudnn", "xla", "pallas") if "loop_ms" in row[m])
     row["best_bf16"] = best[1]
-    for m in ("hybrid", "kivi4"):
-        if "loop_ms" in row[m]:
+    for m in ("hybrid", "hybrid_triton", "kivi4"):
+        if "loop_ms" in row.get(m, {}):
             row[m]["speedup_vs_best_bf16"] = best[0] / row[m]["loop_ms"]
     for m, nbytes in (("hybrid", hybrid_bytes), ("cudnn", bf16_bytes), ("xla", bf16_bytes), ("pallas", bf16_bytes)):
         if "loop_ms" in row[m]:
@@ -310,13 +319,13 @@ def read_bandwidth(n: int) -> float:
 
 
 def table(rows) -> str:
-    lines = [f"{'case':<20} {'hybrid':>9} {'cudnn':>9} {'pallas':>9} {'xla':>9} {'kivi4':>9} {'speedup':>8} "
-             f"{'hyb TB/s':>9} {'err':>8}"]
+    lines = [f"{'case':<20} {'hybrid':>9} {'triton':>9} {'cudnn':>9} {'pallas':>9} {'xla':>9} {'kivi4':>9} "
+             f"{'speedup':>8} {'hyb TB/s':>9} {'err':>8}"]
     for r in rows:
         def ms(m):
-            return f"{r[m]['loop_ms']:.4f}" if "loop_ms" in r[m] else "n/a"
+            return f"{r[m]['loop_ms']:.4f}" if "loop_ms" in r.get(m, {}) else "n/a"
         sp = r["hybrid"].get("speedup_vs_best_bf16", float("nan"))
-        lines.append(f"{r['case']:<20} {ms('hybrid'):>9} {ms('cudnn'):>9} {ms('pallas'):>9} {ms('xla'):>9} "
+        lines.append(f"{r['case']:<20} {ms('hybrid'):>9} {ms('hybrid_triton'):>9} {ms('cudnn'):>9} {ms('pallas'):>9} {ms('xla'):>9} "
                      f"{ms('kivi4'):>9} {sp:>7.2f}x {r['hybrid'].get('tb_per_s', float('nan')):>9.2f} "
                      f"{r['hybrid_rel_err_vs_reference']:>8.1e}")
     return "\n".join(lines)

@@ -1,7 +1,10 @@
-"""Glue between `HybridKVCache` and the Pallas decode kernel (`pallas_kernels.decode`).
+"""Glue between `HybridKVCache` and the Pallas decode kernels.
 
-Unpacks the cache into the arrays the kernel takes, picks the launch shape
-(splits, tile) and merges the per-split results.
+`pallas_kernels.decode` (Triton) scans every region: low-bit pages, VL tokens, window ring. On Hopper, for
+the configs it covers (`mosaic_low_bit_fits`: K4V4 "channel_key", pages of 64, head_dim 128, GQA groups of
+at most 16), the low-bit pages go to `pallas_kernels.decode_mgpu` (Mosaic GPU) instead, 1.4x-2x faster on
+the H200 (benchmarks/NOTES.md), and the Triton kernel scans only the VL and ring splits. This module picks
+the launch shapes and merges the per-split results of both.
 """
 
 from __future__ import annotations
@@ -18,6 +21,12 @@ from pallas_kernels.decode import DecodeLayout, hybrid_decode_splits, merge_spli
 
 H200_SMS = 132
 CONVERTS = ("asm", "magic", "cast")
+LOW_BIT_KERNELS = ("auto", "mosaic", "triton")
+# "auto" takes the Mosaic low-bit kernel from this many (sequence, KV head, page) triples of cache capacity:
+# below it the second launch and the merge cost more than the kernel saves (H200, Qwen3-8B heads: B=1 at 16K
+# 0.0316 ms against Triton's 0.0288, at 32K 0.0446 against 0.0465; benchmarks/results/decode_kernel_h200.json).
+MOSAIC_MIN_PAGES = 4096
+LN2 = math.log(2.0)
 MAX_SPLIT_TOKENS = 4096  # measured: splits of <= 4K tokens are best from B=16 to 64 at 32K (split_sweep)
 
 
@@ -29,7 +38,13 @@ class DecodeTuning:
     pages_per_tile: pages scanned per loop iteration (under channel_key, one sub-tile per page);
     convert: "asm" (fp16 from bit patterns through inline PTX), "magic" (bf16 from bit
       patterns) or "cast" (int -> float); see pallas_kernels/decode.py;
-    transposed: compute K.q^T and V^T.P^T (unpacked tiles as the matmul A operand).
+    transposed: compute K.q^T and V^T.P^T (unpacked tiles as the matmul A operand);
+    low_bit: which kernel scans the low-bit pages: "mosaic" (`pallas_kernels.decode_mgpu`; needs a Hopper
+      GPU and a config `mosaic_low_bit_fits`), "triton" (the Triton kernel, with the other regions) or
+      "auto" (mosaic where it fits and the cache holds at least MOSAIC_MIN_PAGES pages over all sequences
+      and KV heads, else triton);
+    mosaic_blocks_per_sm, mosaic_stages: the Mosaic kernel's splits (batch x KV heads x splits fill this
+      many blocks per multiprocessor) and pages in flight per block.
     """
 
     n_low: int | None = None
@@ -40,6 +55,9 @@ class DecodeTuning:
     num_warps: int | None = None
     num_stages: int | None = None
     sm_count: int = H200_SMS
+    low_bit: str = "auto"
+    mosaic_blocks_per_sm: int = 4
+    mosaic_stages: int = 2
 
     def launch(self, lay: DecodeLayout, batch: int) -> tuple[int, int]:
         """(num_warps, num_stages): measured best on the H200 (benchmarks/results/decode_sweep_subtiles_h200.log):
@@ -80,9 +98,43 @@ def _modes(config: HyQuantConfig):
     return key_mode, value_mode
 
 
+def mosaic_low_bit_fits(cache: HybridKVCache, config: HyQuantConfig, q_heads: int) -> bool:
+    """Whether `pallas_kernels.decode_mgpu` covers this cache and config (static facts only)."""
+    from pallas_kernels import decode_mgpu
+
+    return (config.key_bits == 4 and config.value_bits == 4 and config.scheme == "channel_key"
+            and config.group_size in (None, cache.head_dim) and config.block_size == decode_mgpu.PAGE
+            and cache.head_dim == decode_mgpu.HEAD_DIM and q_heads // cache.num_kv_heads <= decode_mgpu.ROWS)
+
+
+def use_mosaic_low_bit(cache: HybridKVCache, config: HyQuantConfig, q_heads: int, tuning: DecodeTuning,
+                       interpret: bool, device=None) -> bool:
+    """Whether the low-bit pages go to the Mosaic kernel (see `DecodeTuning.low_bit`); raises for "mosaic"
+    where it cannot run."""
+    if tuning.low_bit not in LOW_BIT_KERNELS:
+        raise ValueError(f"DecodeTuning.low_bit must be one of {LOW_BIT_KERNELS}, got {tuning.low_bit!r}")
+    if tuning.low_bit == "triton":
+        return False
+    from hyquant_jax.attention import is_hopper
+
+    device = jax.devices()[0] if device is None else device
+    fits = mosaic_low_bit_fits(cache, config, q_heads)
+    if tuning.low_bit == "mosaic" and (interpret or not fits or not is_hopper(device)):
+        raise ValueError(
+            "DecodeTuning.low_bit='mosaic' needs a Hopper GPU (not interpret mode), key_bits = value_bits = 4, "
+            "scheme 'channel_key', group_size None, block_size 64, head_dim 128 and at most 16 query heads per "
+            f"KV head; got {config}, head_dim {cache.head_dim}, {q_heads} query / {cache.num_kv_heads} KV heads "
+            f"on {device.device_kind}")
+    large = cache.batch * cache.num_kv_heads * cache.page_count.shape[1] >= MOSAIC_MIN_PAGES
+    return fits and not interpret and is_hopper(device) and (large or tuning.low_bit == "mosaic")
+
+
 def decode_layout(cache: HybridKVCache, config: HyQuantConfig, q_heads: int,
-                  tuning: DecodeTuning = DecodeTuning()) -> DecodeLayout:
-    """Static kernel layout for this cache shape, config and tuning."""
+                  tuning: DecodeTuning = DecodeTuning(), low_bit_elsewhere: bool = False) -> DecodeLayout:
+    """Static kernel layout for this cache shape, config and tuning.
+
+    low_bit_elsewhere: the Mosaic kernel scans the low-bit pages (n_low = 0); the Triton kernel's splits then
+    cover the VL tokens (about 512 per split, up to half the fill) and the ring."""
     b, h, d = cache.batch, cache.num_kv_heads, cache.head_dim
     group = q_heads // h
     key_mode, value_mode = _modes(config)
@@ -108,8 +160,12 @@ def decode_layout(cache: HybridKVCache, config: HyQuantConfig, q_heads: int,
     # at any batch (a split that scans 16K-32K tokens alone leaves the last wave nearly empty).
     fill = _pow2_floor(4 * tuning.sm_count // (b * h))
     short = _pow2_ceil(math.ceil(num_pages * config.block_size / MAX_SPLIT_TOKENS))
-    n_low = tuning.n_low or max(1, min(max(fill, short), num_pages // ppt))
-    n_vl = tuning.n_vl or max(1, n_low // 4)
+    if low_bit_elsewhere:
+        n_low = 0
+        n_vl = tuning.n_vl or max(1, min(max(1, fill // 2), math.ceil(cache.vl_capacity / 512)))
+    else:
+        n_low = tuning.n_low or max(1, min(max(fill, short), num_pages // ppt))
+        n_vl = tuning.n_vl or max(1, n_low // 4)
     vl_tile = _largest_pow2_divisor(cache.vl_capacity, 64)
     ring_size = config.ring_size
     return DecodeLayout(
@@ -134,18 +190,42 @@ def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, interpret: 
             f"{cache.num_kv_heads}, got {q.shape}"
         )
     check_cache(cache, config)
-    lay = decode_layout(cache, config, hq, tuning)
+    mosaic = use_mosaic_low_bit(cache, config, hq, tuning, interpret)
+    lay = decode_layout(cache, config, hq, tuning, low_bit_elsewhere=mosaic)
     num_warps, num_stages = tuning.launch(lay, b)
+    mosaic_launch = None
+    if mosaic:
+        from pallas_kernels.decode_mgpu import default_splits
+
+        pages = cache.page_count.shape[1]
+        splits = default_splits(b, cache.num_kv_heads, pages, sms=tuning.sm_count, per_sm=tuning.mosaic_blocks_per_sm)
+        mosaic_launch = (splits, tuning.mosaic_stages)
     return _run(q, cache, lay, scale if scale is not None else 1.0 / math.sqrt(d), num_warps, num_stages,
-                interpret)
+                interpret, mosaic_launch)
 
 
-@jax.jit(static_argnames=("lay", "scale", "num_warps", "num_stages", "interpret"))
-def _run(q, cache: HybridKVCache, lay: DecodeLayout, scale, num_warps, num_stages, interpret):
+def _mosaic_low_bit(qg, cache: HybridKVCache, lay: DecodeLayout, splits: int, stages: int):
+    """The low-bit pages through `pallas_kernels.decode_mgpu`, as Triton-style splits (natural-log maxima).
+
+    qg: float32 [B, H, rows, D], already times the softmax scale."""
+    from pallas_kernels import decode_mgpu
+
+    q2 = (qg * (1.0 / LN2))[..., decode_mgpu.KEY_CHANNELS].astype(jnp.float16)  # base-2 logits
+    o, m, l = decode_mgpu.low_bit_splits(
+        q2, cache.k_codes, cache.k_scale, cache.k_zero, cache.v_codes, cache.v_scale[..., 0],
+        cache.v_zero[..., 0], cache.page_count, cache.num_pages, num_splits=splits, stages=stages)
+    # empty splits: -inf like the Triton kernel's (merge_splits weighs them 0)
+    return o[..., decode_mgpu.NATURAL_FROM_VALUE_ROWS], jnp.where(l > 0, m * LN2, -jnp.inf), l
+
+
+@jax.jit(static_argnames=("lay", "scale", "num_warps", "num_stages", "interpret", "mosaic_launch"))
+def _run(q, cache: HybridKVCache, lay: DecodeLayout, scale, num_warps, num_stages, interpret, mosaic_launch=None):
     b, hq, d = q.shape
     h = lay.kv_heads
     qg = (q.astype(jnp.float32) * scale).reshape(b, h, lay.group, d)
-    qg = jnp.pad(qg, ((0, 0), (0, 0), (0, lay.rows - lay.group), (0, 0))).astype(jnp.bfloat16)
+    qg = jnp.pad(qg, ((0, 0), (0, 0), (0, lay.rows - lay.group), (0, 0)))
+    low = None if mosaic_launch is None else _mosaic_low_bit(qg, cache, lay, *mosaic_launch)
+    qg = qg.astype(jnp.bfloat16)
     unused = jnp.zeros((1,), jnp.bfloat16)
     o, m, l = hybrid_decode_splits(
         qg, cache.k_codes,
@@ -158,5 +238,7 @@ def _run(q, cache: HybridKVCache, lay: DecodeLayout, scale, num_warps, num_stage
         cache.ring_k, cache.ring_v, cache.ring_start, cache.ring_len,
         lay=lay, num_warps=num_warps, num_stages=num_stages, interpret=interpret,
     )
+    if low is not None:
+        o, m, l = (jnp.concatenate([x, y], axis=2) for x, y in zip(low, (o, m, l)))
     out, lse = merge_splits(o, m, l, lay.group)
     return out.astype(q.dtype), lse

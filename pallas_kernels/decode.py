@@ -13,7 +13,8 @@ One query token per sequence attends to three key sets of one KV head:
 Grid: (batch * kv_heads, splits). The query heads of one KV head (its GQA
 group) are the rows of every matmul, padded to `rows` >= 16, so each K/V
 tile is read from HBM once per group. Splits [0, n_low) share the used pages
-of the low-bit region, splits [n_low, n_low + n_vl) share the VL tokens and
+of the low-bit region (n_low may be 0 when another kernel scans it, see
+`pallas_kernels.decode_mgpu`), splits [n_low, n_low + n_vl) share the VL tokens and
 the last split scans the ring. Each split writes its unnormalized output,
 running max and denominator; `merge_splits` combines them by log-sum-exp.
 
@@ -214,8 +215,10 @@ def _kernel(
     m0 = jnp.full((rows,), NEG_INIT, jnp.float32)
     l0 = jnp.zeros((rows,), jnp.float32)
 
-    @pl.when(split < lay.n_low)
+    @pl.when(split < lay.n_low)  # n_low = 0: the low-bit region runs elsewhere (hyquant_jax.decode_kernel)
     def _low_bit():
+        if not lay.n_low:
+            return
         _low_bit_split(num_pages_ref, page_count_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref,
                        o_ref, m_ref, l_ref, b, h, split, m0, l0, lay, interpret)
 

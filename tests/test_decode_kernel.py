@@ -229,7 +229,10 @@ def test_gpu_schemes_and_bits(scheme, key_bits, value_bits, group_size, head_dim
                                     DecodeTuning(pages_per_tile=1, n_low=7),
                                     DecodeTuning(pages_per_tile=4, num_warps=8, num_stages=3),
                                     DecodeTuning(pages_per_tile=4, num_warps=2, num_stages=4),
-                                    DecodeTuning(transposed=True), DecodeTuning(transposed=False)])
+                                    DecodeTuning(transposed=True), DecodeTuning(transposed=False),
+                                    DecodeTuning(low_bit="triton"),
+                                    DecodeTuning(low_bit="mosaic", mosaic_blocks_per_sm=1, mosaic_stages=3),
+                                    DecodeTuning(low_bit="mosaic", mosaic_blocks_per_sm=16, mosaic_stages=1)])
 def test_gpu_tunings(tuning):
     config = hq.HyQuantConfig()
     qd, cache = _cache(jax.random.PRNGKey(8), 2, 32, 8, 128, [4097, 999], config, dtype=jnp.bfloat16)

@@ -1,0 +1,175 @@
+"""The Mosaic GPU low-bit decode kernel (`pallas_kernels/decode_mgpu.py`) and its glue in `decode_kernel`.
+
+The kernel's unpack is inline PTX, which no interpreter runs, so on CPU: the channel orders it relies on,
+its lowering for CUDA (Mosaic GPU's layout inference and lowering run in Python), its float64 oracle, the
+argument checks, and the glue (q preparation, split conversion, merge with the Triton kernel's VL and ring
+splits) with the kernel replaced by an emulation built from the oracle. On the GPU (`pytest -m gpu`): the
+compiled kernel against the oracle on random caches, and (tests/test_decode_kernel.py) the whole decode
+against the reference, which takes this kernel for the default config on Hopper.
+"""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hyquant_jax as hq
+from hyquant_jax import decode_kernel
+from pallas_kernels import decode_mgpu as dm
+from tests.test_decode_kernel import _cache
+
+on_hopper = jax.default_backend() == "gpu" and str(getattr(jax.devices()[0], "compute_capability", "")).startswith("9.")
+
+
+def random_case(batch, heads, pages, num_pages, seed, partial=True):
+    """Random cache arrays in the kernel's argument order (q natural f32 [B, H, 16, 128], base-2 logits)."""
+    rng = np.random.default_rng(seed)
+    slots = pages * dm.PAGE
+    bf16 = lambda x: np.asarray(jnp.asarray(x, jnp.bfloat16))  # noqa: E731
+    q = (rng.normal(size=(batch, heads, dm.ROWS, dm.HEAD_DIM)) * 0.2).astype(np.float32)
+    kc = rng.integers(0, 256, (batch, heads, slots, dm.BYTES), dtype=np.uint8)
+    ks = bf16(rng.uniform(0.02, 0.2, (batch, heads, pages, dm.HEAD_DIM)))
+    kz = bf16(rng.normal(size=(batch, heads, pages, dm.HEAD_DIM)))
+    vc = rng.integers(0, 256, (batch, heads, slots, dm.BYTES), dtype=np.uint8)
+    vs = bf16(rng.uniform(0.02, 0.2, (batch, heads, slots)))
+    vz = bf16(rng.normal(size=(batch, heads, slots)))
+    count = (rng.integers(1, dm.PAGE + 1, (batch, pages)) if partial else np.full((batch, pages), dm.PAGE))
+    return q, kc, ks, kz, vc, vs, vz, count.astype(np.int32), np.asarray(num_pages, np.int32)
+
+
+def kernel_args(case):
+    q, *rest = case
+    return (jnp.asarray(q[..., dm.KEY_CHANNELS], jnp.float16), *(jnp.asarray(x) for x in rest))
+
+
+def test_channel_orders_are_permutations():
+    assert sorted(dm.KEY_CHANNELS) == list(range(128)) and sorted(dm.VALUE_CHANNELS) == list(range(128))
+    np.testing.assert_array_equal(dm.VALUE_CHANNELS[dm.NATURAL_FROM_VALUE_ROWS], np.arange(128))
+    # A thread's 16 bytes 16j..16j+15 of a key row hold dims 16j..16j+15 and 64+16j..: virtual channels of
+    # lane column j are exactly those 32 dims.
+    for j in range(4):
+        v = [x for x in range(128) if (x // 2) % 4 == j]
+        assert sorted(dm.KEY_CHANNELS[v]) == sorted(list(range(16 * j, 16 * j + 16)) + list(range(64 + 16 * j, 80 + 16 * j)))
+
+
+@pytest.mark.parametrize("splits,stages", [(1, 1), (3, 2), (8, 4)])
+def test_kernel_lowers_for_cuda(splits, stages):
+    args = kernel_args(random_case(2, 2, 6, [5, 0], seed=0))
+    fn = jax.jit(lambda *a: dm.low_bit_splits(*a, num_splits=splits, stages=stages))
+    assert "mosaic_gpu" in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def test_argument_errors_name_the_argument():
+    args = list(kernel_args(random_case(1, 1, 2, [2], seed=1)))
+    bad = list(args)
+    bad[4] = bad[4][..., :32]  # v_codes with the wrong width
+    with pytest.raises(ValueError, match=r"v_codes must be uint8 \(1, 1, 128, 64\)"):
+        dm.low_bit_splits(*bad, num_splits=1)
+    bad = list(args)
+    bad[0] = bad[0].astype(jnp.float32)
+    with pytest.raises(ValueError, match="q must be float16"):
+        dm.low_bit_splits(*bad, num_splits=1)
+    with pytest.raises(ValueError, match="num_splits"):
+        dm.low_bit_splits(*args, num_splits=0)
+
+
+def test_oracle_is_attention_over_the_valid_tokens():
+    """The float64 oracle equals a direct softmax over the valid tokens of each page (base 2)."""
+    q, kc, ks, kz, vc, vs, vz, count, npg = random_case(1, 1, 3, [2], seed=2)
+    out, m, l = dm.reference_low_bit(q, kc, ks, kz, vc, vs, vz, count, npg)
+    nib = lambda c: np.concatenate([c & 15, c >> 4], axis=-1).astype(np.float64)  # noqa: E731
+    keys, vals = [], []
+    for p in range(2):
+        t = slice(p * 64, p * 64 + int(count[0, p]))
+        keys.append(nib(kc[0, 0, t]) * ks[0, 0, p].astype(np.float64) + kz[0, 0, p].astype(np.float64))
+        vals.append(nib(vc[0, 0, t]) * vs[0, 0, t, None].astype(np.float64) + vz[0, 0, t, None].astype(np.float64))
+    s = q[0, 0].astype(np.float64) @ np.concatenate(keys).T
+    p = 2.0 ** (s - s.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(out[0, 0], p @ np.concatenate(vals) / p.sum(axis=1, keepdims=True), rtol=1e-12)
+    np.testing.assert_allclose(l[0, 0], p.sum(axis=1), rtol=1e-12)
+
+
+def _emulated_low_bit_splits(*args, num_splits, stages):
+    """`low_bit_splits` as one split (the rest empty), from the float64 oracle: same inputs, same outputs."""
+    del stages
+
+    def host(q, *cache_arrays):
+        qn = np.asarray(q, np.float64)[..., np.argsort(dm.KEY_CHANNELS)]
+        out, m, l = dm.reference_low_bit(qn, *(np.asarray(x) for x in cache_arrays))
+        empty = l == 0
+        o = np.where(empty[..., None], 0.0, out * l[..., None])[..., dm.VALUE_CHANNELS]
+        m = np.where(empty, dm.NEG_INIT, m)
+        pad = lambda x, fill: np.concatenate(  # noqa: E731
+            [x[:, :, None], np.full(x.shape[:2] + (num_splits - 1,) + x.shape[2:], fill)], axis=2)
+        return tuple(pad(x, f).astype(np.float32) for x, f in ((o, 0.0), (m, dm.NEG_INIT), (l, 0.0)))
+
+    b, h = args[0].shape[:2]
+    shapes = [jax.ShapeDtypeStruct((b, h, num_splits, dm.ROWS) + extra, jnp.float32) for extra in ((128,), (), ())]
+    return jax.pure_callback(host, tuple(shapes), *args)
+
+
+def test_glue_merges_mosaic_and_triton_splits(monkeypatch):
+    """decode_kernel's Mosaic path (q in base 2 and KEY_CHANNELS order, output rows back in natural order,
+    natural-log maxima, the Triton kernel's VL and ring splits with n_low = 0) equals the reference, with the
+    kernel emulated from its oracle. A sequence shorter than the window (no pages) is included."""
+    monkeypatch.setattr(dm, "low_bit_splits", _emulated_low_bit_splits)
+    config = hq.HyQuantConfig()  # the config the Mosaic kernel covers (K4V4 channel_key, pages of 64)
+    qd, cache = _cache(jax.random.PRNGKey(11), 3, 8, 2, 128, [700, 300, 90], config, appends=2)
+    assert decode_kernel.mosaic_low_bit_fits(cache, config, 8)
+    lay = decode_kernel.decode_layout(cache, config, 8, low_bit_elsewhere=True)
+    assert lay.n_low == 0 and lay.n_vl >= 1
+    out, lse = decode_kernel._run(qd, cache, lay, 1.0 / math.sqrt(128), 2, 2, True, (3, 2))
+    ref, ref_lse = hq.hybrid_decode_attention_reference(qd, cache, config)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), atol=2e-3)  # bf16 q in the Triton splits
+
+
+def test_mosaic_choice():
+    config = hq.HyQuantConfig()
+    qd, cache = _cache(jax.random.PRNGKey(12), 1, 8, 2, 128, [200], config)
+    tuning = decode_kernel.DecodeTuning
+    assert not decode_kernel.use_mosaic_low_bit(cache, config, 8, tuning(), interpret=True)
+    assert not decode_kernel.use_mosaic_low_bit(cache, config, 8, tuning(low_bit="triton"), interpret=False)
+    # "auto" leaves small caches to the Triton kernel (1 x 2 heads x 4 pages here), takes Mosaic for large ones
+    assert not decode_kernel.use_mosaic_low_bit(cache, config, 8, tuning(), interpret=False)
+    large = dataclasses.replace(cache, page_count=jnp.zeros((1, decode_kernel.MOSAIC_MIN_PAGES // 2), jnp.int32))
+    assert decode_kernel.use_mosaic_low_bit(large, config, 8, tuning(), interpret=False) == on_hopper
+    with pytest.raises(ValueError, match="low_bit='mosaic' needs a Hopper GPU"):
+        decode_kernel.use_mosaic_low_bit(cache, config, 8, tuning(low_bit="mosaic"), interpret=True)
+    with pytest.raises(ValueError, match="DecodeTuning.low_bit"):
+        decode_kernel.use_mosaic_low_bit(cache, config, 8, tuning(low_bit="cuda"), interpret=False)
+    for other in (hq.HyQuantConfig(key_bits=2), hq.HyQuantConfig(scheme="token_asym"),
+                  hq.HyQuantConfig(block_size=32, window=128)):
+        assert not decode_kernel.mosaic_low_bit_fits(cache, other, 8)
+    assert not decode_kernel.mosaic_low_bit_fits(cache, config, 2 * 17)  # GQA group of 17 > 16 rows
+
+
+# ----------------------------------------------------------------- GPU: the compiled kernel
+
+GPU_CASES = [  # (name, case kwargs, splits, stages)
+    ("one sequence, full pages", dict(batch=1, heads=2, pages=4, num_pages=[4], seed=0, partial=False), 2, 2),
+    ("ragged, a sequence without pages", dict(batch=3, heads=2, pages=6, num_pages=[5, 0, 3], seed=1), 4, 3),
+    ("more splits than pages", dict(batch=2, heads=1, pages=3, num_pages=[3, 1], seed=2), 8, 2),
+    ("40 pages, 5 splits, 4 stages", dict(batch=1, heads=8, pages=40, num_pages=[37], seed=3), 5, 4),
+    ("one split", dict(batch=2, heads=3, pages=9, num_pages=[9, 7], seed=4), 1, 2),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not on_hopper, reason="needs a Hopper GPU")
+@pytest.mark.parametrize("name,kwargs,splits,stages", GPU_CASES, ids=[c[0] for c in GPU_CASES])
+def test_gpu_kernel_matches_oracle(name, kwargs, splits, stages):
+    case = random_case(**kwargs)
+    q16 = np.asarray(jnp.asarray(case[0], jnp.float16), np.float64)  # the oracle sees the kernel's fp16 q
+    o, m, l = dm.low_bit_splits(*kernel_args(case), num_splits=splits, stages=stages)
+    out = np.asarray(dm.merge(o, m, l), np.float64)
+    want, _, l_want = dm.reference_low_bit(q16, *case[1:])
+    has = case[-1] > 0
+    err = np.linalg.norm(out[has] - want[has]) / np.linalg.norm(want[has])
+    assert np.all(np.isfinite(out)) and err < 1e-3, f"relative error {err:.3g}"
+    assert np.all(out[~has] == 0)
+    l_sum = (np.asarray(l) * 2.0 ** (np.asarray(m) - np.asarray(m).max(axis=2, keepdims=True))).sum(axis=2)
+    assert np.all((l_sum > 0) == (l_want > 0))
