@@ -28,21 +28,29 @@ def decode_table(d) -> str:
         f"{env['date'][:10]}, `{env['command']}`; hybrid = K{d['config']['key_bits']}V{d['config']['value_bits']} "
         f"{d['config']['scheme']}, rho {d['config']['rho']}, W {d['config']['window']}.",
         "",
-        "| case | hybrid | cuDNN bf16 | Pallas gqa bf16 | XLA bf16 | KIVI-4 (dequant+attend) | hybrid vs best bf16 | "
-        "hybrid TB/s | hybrid bytes / bf16 bytes |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| case | hybrid | low-bit kernel | hybrid, Triton only | cuDNN bf16 | Pallas gqa bf16 | XLA bf16 | "
+        "KIVI-4 (dequant+attend) | hybrid vs best bf16 | Triton only vs best bf16 | hybrid TB/s | "
+        "hybrid bytes / bf16 bytes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in d["cases"]:
         def ms(m):
-            return f"{r[m]['loop_ms']:.4f}" if "loop_ms" in r[m] else "n/a"
+            return f"{r[m]['loop_ms']:.4f}" if "loop_ms" in r.get(m, {}) else "n/a"
+
+        def ratio(m):
+            x = r.get(m, {}).get("speedup_vs_best_bf16")
+            return "n/a" if x is None else f"{x:.2f}x"
+
         h = r["hybrid"]
         lines.append(
-            f"| {r['case']} | {ms('hybrid')} | {ms('cudnn')} | {ms('pallas')} | {ms('xla')} | {ms('kivi4')} | "
-            f"{h.get('speedup_vs_best_bf16', float('nan')):.2f}x | {h.get('tb_per_s', float('nan')):.2f} | "
+            f"| {r['case']} | {ms('hybrid')} | {r.get('low_bit_kernel', 'triton')} | {ms('hybrid_triton')} | "
+            f"{ms('cudnn')} | {ms('pallas')} | {ms('xla')} | {ms('kivi4')} | {ratio('hybrid')} | "
+            f"{ratio('hybrid_triton')} | {h.get('tb_per_s', float('nan')):.2f} | "
             f"{r['bytes']['hybrid'] / r['bytes']['bf16']:.3f} |")
     for r in d["cases"]:  # other key schemes, timed in the same run (one case)
         best = min(r[m]["loop_ms"] for m in ("cudnn", "xla", "pallas") if "loop_ms" in r[m])
-        for key in sorted(k for k in r if k.startswith("hybrid_") and isinstance(r[k], dict) and "loop_ms" in r[k]):
+        for key in sorted(k for k in r if k.startswith("hybrid_") and k != "hybrid_triton" and isinstance(r[k], dict)
+                          and "loop_ms" in r[k]):
             lines.append(f"\n{r['case']}, scheme {key[len('hybrid_'):]}: {r[key]['loop_ms']:.4f} ms, "
                          f"{best / r[key]['loop_ms']:.2f}x the best bf16 kernel.")
     return "\n".join(lines)

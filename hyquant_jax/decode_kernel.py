@@ -2,9 +2,11 @@
 
 `pallas_kernels.decode` (Triton) scans every region: low-bit pages, VL tokens, window ring. On Hopper, for
 the configs it covers (`mosaic_low_bit_fits`: K4V4 "channel_key", pages of 64, head_dim 128, GQA groups of
-at most 16), the low-bit pages go to `pallas_kernels.decode_mgpu` (Mosaic GPU) instead, 1.4x-2x faster on
-the H200 (benchmarks/NOTES.md), and the Triton kernel scans only the VL and ring splits. This module picks
-the launch shapes and merges the per-split results of both.
+at most 16) and caches of at least MOSAIC_MIN_PAGES pages, the low-bit pages go to
+`pallas_kernels.decode_mgpu` (Mosaic GPU) instead and the Triton kernel scans only the VL and ring splits:
+on the H200 the whole decode is then 1.04x (B1 32K), 1.51x (B1 128K) and 1.33x (B16 32K) as fast as with
+the Triton kernel alone (benchmarks/results/decode_kernel_h200.json). This module picks the launch shapes
+and merges the per-split results of both.
 """
 
 from __future__ import annotations

@@ -147,6 +147,38 @@ def test_mosaic_choice():
     assert not decode_kernel.mosaic_low_bit_fits(cache, config, 2 * 17)  # GQA group of 17 > 16 rows
 
 
+SHARDED_LOWERING = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+from pallas_kernels import decode_mgpu as dm
+mesh = Mesh(np.array(jax.devices()[:2]), ("model",))
+heads = P(None, "model")
+fn = jax.shard_map(lambda *a: dm.low_bit_splits(*a, num_splits=4), mesh=mesh,
+                   in_specs=(heads,) * 7 + (P(), P()), out_specs=(heads, heads, heads), check_vma=False)
+sd = jax.ShapeDtypeStruct
+args = (sd((2, 8, 16, 128), jnp.float16), sd((2, 8, 512, 64), jnp.uint8), sd((2, 8, 8, 128), jnp.bfloat16),
+        sd((2, 8, 8, 128), jnp.bfloat16), sd((2, 8, 512, 64), jnp.uint8), sd((2, 8, 512), jnp.bfloat16),
+        sd((2, 8, 512), jnp.bfloat16), sd((2, 8), jnp.int32), sd((2,), jnp.int32))
+text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+print("mosaic custom calls:", text.count("mosaic_gpu_v2"))
+"""
+
+
+def test_kernel_lowers_for_cuda_under_shard_map():
+    """Sharded generate splits the KV heads over the model axis: the kernel lowers for CUDA per shard
+    (two virtual CPU devices; own process for the device count)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", PYTHONPATH=str(root))
+    r = subprocess.run([sys.executable, "-c", SHARDED_LOWERING], cwd=root, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "mosaic custom calls: 1" in r.stdout, r.stdout
+
+
 # ----------------------------------------------------------------- GPU: the compiled kernel
 
 GPU_CASES = [  # (name, case kwargs, splits, stages)
