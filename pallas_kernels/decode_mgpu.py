@@ -7,7 +7,8 @@ max and denominator per split), merged by log-sum-exp like the Triton kernel's s
 
 Why this kernel exists (benchmarks/NOTES.md, "Where the decode kernel stands"): the Triton kernel spends
 ~54 warp instructions per (token, KV head), so it moves 4-bit codes at ~1 TB/s, a third of the HBM speed.
-Here the 4-bit codes become fp16 wgmma operands with 4 integer ops per 8 codes and no relayout:
+Here the 4-bit codes become fp16 wgmma operands with one prmt per 4 codes and one lop3 and one f16x2 op per
+2 codes (keys add their f16x2 dequantizing multiply-add), and no relayout:
 
 * tokens are the M dimension of both products (logits^T = K . q^T, out^T = V^T . P^T), so the code tiles
   are *register* A operands and never go back to shared memory;
@@ -37,8 +38,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax._src.lib.mlir import ir  # Mosaic GPU's MLIR bindings, for the inline-PTX unpack (jax is pinned)
+from jax._src.lib.mlir.dialects import arith, llvm, vector
 from jax.experimental import pallas as pl
+from jax.experimental.mosaic import gpu as mgpu
+from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels.prefill_mgpu import _swizzled  # tiling + swizzle transforms of a shared-memory operand
 
 PAGE = 64  # tokens per page
 HEAD_DIM = 128
@@ -65,25 +72,20 @@ KEY_CHANNELS = _key_channels()
 
 
 def _f16x2(x):
-    from jax.experimental.mosaic.gpu import utils
-    from jax._src.lib.mlir import ir
 
-    return utils.bitcast(x, ir.VectorType.get((2,), ir.F16Type.get()))
+    return mgpu_utils.bitcast(x, ir.VectorType.get((2,), ir.F16Type.get()))
 
 
 def _load_words(ref, index, count: int):
     """`count` i32 words from a shared-memory ref, 16-byte aligned vector `index` (i32) onwards."""
-    from jax._src.lib.mlir import ir
-    from jax._src.lib.mlir.dialects import arith, llvm, vector
-    from jax.experimental.mosaic.gpu import utils
 
     i32, i64 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(64)
     v4 = ir.VectorType.get((4,), i32)
-    base = utils.memref_ptr(ref)
+    base = mgpu_utils.memref_ptr(ref)
     words = []
     for k in range(count // 4):
         idx = arith.extui(i64, arith.addi(index, arith.constant(i32, k)))
-        ptr = utils.getelementptr(base, [idx], v4)
+        ptr = mgpu_utils.getelementptr(base, [idx], v4)
         vec = llvm.load(v4, ptr)
         words += [vector.extract(vec, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([n]))
                   for n in range(4)]
@@ -91,14 +93,12 @@ def _load_words(ref, index, count: int):
 
 
 def _thread_coords():
-    """(warp w, row g = lane // 4, column pair j = lane % 4) of this thread in its warpgroup, as i32."""
-    from jax._src.lib.mlir import ir
-    from jax._src.lib.mlir.dialects import arith
-    from jax.experimental.mosaic.gpu import utils
+    """(thread t, warp w, row g = lane // 4, column pair j = lane % 4) of this thread in its warpgroup as i32
+    values, and a helper making i32 constants."""
 
     i32 = ir.IntegerType.get_signless(32)
     c = lambda x: arith.constant(i32, x)  # noqa: E731
-    tid = arith.remui(utils.thread_idx(), c(128))
+    tid = arith.remui(mgpu_utils.thread_idx(), c(128))
     lane = arith.remui(tid, c(32))
     return tid, arith.divui(tid, c(32)), arith.divui(lane, c(4)), arith.remui(lane, c(4)), c
 
@@ -120,22 +120,17 @@ fma.rn.f16x2 $0, h, m, n;
 
 
 def _codes(pair, high: bool):
-    from jax._src.lib.mlir import ir
-    from jax.experimental.mosaic.gpu import utils
 
     i32 = ir.IntegerType.get_signless(32)
-    return utils.inline_ptx(_HIGH_CODES if high else _LOW_CODES, pair, result_types=i32)
+    return mgpu_utils.inline_ptx(_HIGH_CODES if high else _LOW_CODES, pair, result_types=i32)
 
 
 def _spread(word, r: int):
     """Bytes 2r and 2r + 1 of `word` into bytes 0 and 2 (the low bytes of the two f16 halves)."""
-    from jax._src.lib.mlir import ir
-    from jax._src.lib.mlir.dialects import arith
-    from jax.experimental.mosaic.gpu import utils
 
     i32 = ir.IntegerType.get_signless(32)
     zero = arith.constant(i32, 0)
-    return utils.prmt(word, zero, arith.constant(i32, 0x4140 if r == 0 else 0x4342))
+    return mgpu_utils.prmt(word, zero, arith.constant(i32, 0x4140 if r == 0 else 0x4342))
 
 
 def _key_tile(ctx, codes, scale, zero, staging):
@@ -145,22 +140,17 @@ def _key_tile(ctx, codes, scale, zero, staging):
     where the warpgroup converts the parameters to f16 pairs (threads 0-63 the scales, 64-127 the zeros).
     """
     del ctx
-    from jax._src.lib.mlir import ir
-    from jax._src.lib.mlir.dialects import arith, llvm
-    from jax.experimental.mosaic import gpu as mgpu
-    from jax.experimental.mosaic.gpu import utils
-
     i32, i64 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(64)
     tid, w, g, j, c = _thread_coords()
     # bf16 pairs -> f16 pairs, one pair per thread, through `staging`
     first = arith.cmpi(arith.CmpIPredicate.ult, tid, c(64))
-    src = llvm.select(first, utils.memref_ptr(scale), utils.memref_ptr(zero))
-    pair = llvm.load(i32, utils.getelementptr(src, [arith.extui(i64, arith.remui(tid, c(64)))], i32))
-    f16_pair = utils.inline_ptx(
+    src = llvm.select(first, mgpu_utils.memref_ptr(scale), mgpu_utils.memref_ptr(zero))
+    pair = llvm.load(i32, mgpu_utils.getelementptr(src, [arith.extui(i64, arith.remui(tid, c(64)))], i32))
+    f16_pair = mgpu_utils.inline_ptx(
         "{ .reg .b32 lo, hi; shl.b32 lo, $1, 16; and.b32 hi, $1, 0xFFFF0000; cvt.rn.f16x2.f32 $0, hi, lo; }",
         pair, result_types=i32)
-    llvm.store(f16_pair, utils.getelementptr(utils.memref_ptr(staging), [arith.extui(i64, tid)], i32))
-    utils.warpgroup_barrier()
+    llvm.store(f16_pair, mgpu_utils.getelementptr(mgpu_utils.memref_ptr(staging), [arith.extui(i64, tid)], i32))
+    mgpu_utils.warpgroup_barrier()
     # this thread's dims: 16j .. 16j + 15 and 64 + 16j .. (pairs k = 0..7 of each half)
     s_lo = _load_words(staging, arith.muli(j, c(2)), 8)
     s_hi = _load_words(staging, arith.addi(arith.muli(j, c(2)), c(8)), 8)
@@ -178,7 +168,7 @@ def _key_tile(ctx, codes, scale, zero, staging):
                     k = 2 * i + r
                     s, z = (s_hi[k], z_hi[k]) if nibble else (s_lo[k], z_lo[k])
                     u = _codes(spread, high=bool(nibble))
-                    key = utils.inline_ptx("fma.rn.f16x2 $0, $1, $2, $3;", u, s, z, result_types=i32)
+                    key = mgpu_utils.inline_ptx("fma.rn.f16x2 $0, $1, $2, $3;", u, s, z, result_types=i32)
                     regs[0, 2 * (2 * i + nibble) + r, 0, 0, h, 0, 0, 0, 0] = _f16x2(key)
     return mgpu.FragmentedArray(_registers=regs, _layout=layout, _is_signed=None)
 
@@ -194,15 +184,10 @@ def _value_tile(ctx, codes):
     tile is channel VALUE_CHANNELS[row] = 64R + 16w + 2g + h (R: nibble, h: byte of the pair).
     """
     del ctx
-    from jax._src.lib.mlir import ir
-    from jax._src.lib.mlir.dialects import arith, llvm
-    from jax.experimental.mosaic import gpu as mgpu
-    from jax.experimental.mosaic.gpu import utils
-
     i32 = ir.IntegerType.get_signless(32)
     tid, w, g, j, c = _thread_coords()
     lane = arith.remui(tid, c(32))
-    base = llvm.ptrtoint(i32, utils.memref_ptr(codes))
+    base = llvm.ptrtoint(i32, mgpu_utils.memref_ptr(codes))
     layout = mgpu.WGMMA_LAYOUT
     regs = np.empty(layout.registers_shape((HEAD_DIM, PAGE)), dtype=object)
     for quad in range(2):
@@ -210,12 +195,12 @@ def _value_tile(ctx, codes):
         token = arith.addi(arith.muli(arith.addi(arith.divui(lane, c(8)), c(4 * quad)), c(8)), arith.remui(lane, c(8)))
         chunk = arith.xori(w, arith.remui(arith.divui(token, c(2)), c(4)))
         addr = arith.addi(base, arith.addi(arith.muli(token, c(PAGE)), arith.muli(chunk, c(16))))
-        tiles = utils.inline_ptx(
+        tiles = mgpu_utils.inline_ptx(
             "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {$0, $1, $2, $3}, [$4];", addr,
             result_types=[i32] * 4)
         for k, word in enumerate(tiles):
             for h, sel in enumerate((0x4240, 0x4341)):
-                spread = utils.prmt(word, arith.constant(i32, 0), arith.constant(i32, sel))
+                spread = mgpu_utils.prmt(word, arith.constant(i32, 0), arith.constant(i32, sel))
                 for nibble in range(2):
                     regs[nibble, 4 * quad + k, 0, 0, h, 0, 0, 0, 0] = _f16x2(_codes(spread, high=bool(nibble)))
     return mgpu.FragmentedArray(_registers=regs, _layout=layout, _is_signed=None)
@@ -230,12 +215,6 @@ def _value_channels() -> np.ndarray:
 
 VALUE_CHANNELS = _value_channels()
 NATURAL_FROM_VALUE_ROWS = np.argsort(VALUE_CHANNELS)
-
-
-def _swizzled(dtype, cols: int):
-    bits = jnp.dtype(dtype).itemsize * 8
-    swizzle = plgpu.find_swizzle(cols * bits)
-    return plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle)
 
 
 def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_ref, o_ref, ml_ref,
