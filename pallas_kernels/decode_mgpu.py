@@ -253,29 +253,36 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
     per_row = functools.partial(lax.broadcast_in_dim, shape=(PAGE, ROWS), broadcast_dimensions=[1])
 
     def body(page, carry):
+        # The named scopes are the regions of the optional trace (`low_bit_splits(profile_dir=...)`); without
+        # it they generate no code.
         acc, m, l_part, z_part = carry
         slot = (page - first) % stages
         count = plgpu.load(cnt_ref.at[b, page])  # issued before the wait: its latency hides behind the copy
-        plgpu.barrier_wait(full.at[slot])
-        keys = key_tile(kc_s.at[slot], ks_s.at[slot], kz_s.at[slot], staging_s)
+        with jax.named_scope("wait"):
+            plgpu.barrier_wait(full.at[slot])
+        with jax.named_scope("keys"):
+            keys = key_tile(kc_s.at[slot], ks_s.at[slot], kz_s.at[slot], staging_s)
 
         def qk(acc_ref):
             plgpu.wgmma(acc_ref, keys, q_s.T)
             values = value_tile(vc_s.at[slot])  # unpacked while the tensor cores run Q.K
             return acc_ref[...], values
 
-        s, values = pl.run_scoped(qk, plgpu.ACC((PAGE, ROWS), jnp.float32))
-        tokens = plgpu.broadcasted_iota(jnp.int32, (PAGE, ROWS), 0, layout=wg)
-        s = jnp.where(tokens < count, s, -jnp.inf)
-        m_new = jnp.maximum(m, s.max(axis=0))
-        alpha = jnp.exp2(m - m_new)
-        p = jnp.exp2(s - per_row(m_new))
-        v_scale = plgpu.load(vs_s.at[slot], layout=wg.reduce(1)).astype(jnp.float32)
-        v_zero = plgpu.load(vz_s.at[slot], layout=wg.reduce(1)).astype(jnp.float32)
-        l_part = l_part * per_row(alpha) + p
-        z_part = z_part * per_row(alpha) + p * per_token(v_zero)
-        p_s[...] = (p * per_token(v_scale)).astype(jnp.float16)
-        plgpu.commit_smem()  # P visible to the tensor cores; every thread is done reading the slot
+        with jax.named_scope("qk_values"):
+            s, values = pl.run_scoped(qk, plgpu.ACC((PAGE, ROWS), jnp.float32))
+        with jax.named_scope("softmax"):
+            tokens = plgpu.broadcasted_iota(jnp.int32, (PAGE, ROWS), 0, layout=wg)
+            s = jnp.where(tokens < count, s, -jnp.inf)
+            m_new = jnp.maximum(m, s.max(axis=0))
+            alpha = jnp.exp2(m - m_new)
+            p = jnp.exp2(s - per_row(m_new))
+            v_scale = plgpu.load(vs_s.at[slot], layout=wg.reduce(1)).astype(jnp.float32)
+            v_zero = plgpu.load(vz_s.at[slot], layout=wg.reduce(1)).astype(jnp.float32)
+            l_part = l_part * per_row(alpha) + p
+            z_part = z_part * per_row(alpha) + p * per_token(v_zero)
+            p_s[...] = (p * per_token(v_scale)).astype(jnp.float16)
+        with jax.named_scope("commit"):
+            plgpu.commit_smem()  # P visible to the tensor cores; every thread is done reading the slot
 
         @pl.when(page + stages < stop)
         def _refill():
@@ -284,7 +291,8 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
         def pv(acc_ref):
             plgpu.wgmma(acc_ref, values, p_s)
 
-        acc = pl.run_state(pv)(plgpu.ACC.init(acc * lax.broadcast_in_dim(alpha, acc.shape, [1])))
+        with jax.named_scope("pv"):
+            acc = pl.run_state(pv)(plgpu.ACC.init(acc * lax.broadcast_in_dim(alpha, acc.shape, [1])))
         return acc, m_new, l_part, z_part
 
     carry = (plgpu.layout_cast(jnp.zeros((HEAD_DIM, ROWS), jnp.float32), wg),
@@ -301,9 +309,9 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
     plgpu.wait_smem_to_gmem(0)
 
 
-@functools.partial(jax.jit, static_argnames=("num_splits", "stages"))
+@functools.partial(jax.jit, static_argnames=("num_splits", "stages", "profile_dir"))
 def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_count, num_pages, *,
-                   num_splits: int, stages: int = 2):
+                   num_splits: int, stages: int = 2, profile_dir: str | None = None):
     """Split-K decode attention over the low-bit pages of each (sequence, KV head), on the cache's own arrays.
 
     q: f16 [B, H, 16, 128], query rows of each KV head's GQA group (zero rows past the group), channels in
@@ -314,6 +322,9 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
     Returns (o f32 [B, H, splits, 16, 128] unnormalized, channels in VALUE_CHANNELS order; m f32
     [B, H, splits, 16] base-2 running max; l f32 [B, H, splits, 16] denominator). A split without pages has
     o = 0, m = NEG_INIT and l = 0. `merge` combines the splits.
+    profile_dir: also write a trace of every block's loop regions (wait, keys, qk_values, softmax, commit, pv per
+    page; Mosaic GPU's profiler, timestamps of warpgroup thread 0) to this folder, one JSON per call
+    (`benchmarks/profile_decode_mgpu.py` summarizes it). The profile adds a few cycles per region.
     """
     bsz, heads, slots, _ = k_codes.shape
     pages = slots // PAGE
@@ -359,7 +370,11 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
         # an explicit commit (P, the output), or filled by bulk copies and read by threads before the commit
         # that precedes its refill (the page slots), or exchanged between threads across an explicit barrier
         # (the key parameters): Pallas's automatic barriers around each store and copy are not needed.
-        compiler_params=plgpu.CompilerParams(unsafe_no_auto_barriers=True),
+        compiler_params=plgpu.CompilerParams(
+            unsafe_no_auto_barriers=True,
+            # regions x (begin, end) per page of the longest split, plus slack; bounds-checked anyway
+            **(dict(profile_space=16 * (pages // num_splits + 2), profile_dir=profile_dir,
+                    profile_bounds_check=True) if profile_dir else {})),
     )
     o_t, ml = kernel(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_count, num_pages)
     return jnp.swapaxes(o_t, -1, -2), ml[..., 0, :], ml[..., 1, :]

@@ -179,6 +179,28 @@ def test_kernel_lowers_for_cuda_under_shard_map():
     assert "mosaic custom calls: 1" in r.stdout, r.stdout
 
 
+def test_profile_summary_sums_nested_regions_per_block():
+    """benchmarks/profile_decode_mgpu.py: region totals over blocks from begin/end pairs, nested regions
+    included, and shares of the loop regions; an unbalanced trace is an error."""
+    from benchmarks.profile_decode_mgpu import summarize
+
+    def block(pid, tid, spans):
+        return [dict(name=n, ph=ph, ts=t, pid=pid, tid=tid) for n, t0, t1 in spans for ph, t in (("B", t0), ("E", t1))]
+
+    events = block(1, 1, [("wait", 0.0, 1.0), ("keys", 1.0, 4.0), ("pv", 4.0, 8.0)])
+    events += block(2, 2, [("wait", 10.0, 12.0)])
+    events += [dict(name="qk_values", ph="B", ts=20.0, pid=2, tid=2), dict(name="inner", ph="B", ts=21.0, pid=2, tid=2),
+               dict(name="inner", ph="E", ts=22.0, pid=2, tid=2), dict(name="qk_values", ph="E", ts=25.0, pid=2, tid=2)]
+    got = summarize({"traceEvents": events})
+    assert got["blocks"] == 2
+    r = got["regions"]
+    assert (r["wait"]["total"], r["wait"]["count"], r["wait"]["mean"]) == (3.0, 2, 1.5)
+    assert (r["keys"]["total"], r["pv"]["total"], r["qk_values"]["total"], r["inner"]["total"]) == (3.0, 4.0, 5.0, 1.0)
+    assert r["pv"]["share_of_loop"] == 4.0 / 15.0 and "inner" not in summarize.__globals__["REGIONS"]
+    with pytest.raises(ValueError, match="never closed"):
+        summarize({"traceEvents": events[:-1]})
+
+
 # ----------------------------------------------------------------- GPU: the compiled kernel
 
 GPU_CASES = [  # (name, case kwargs, splits, stages)

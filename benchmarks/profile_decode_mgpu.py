@@ -1,0 +1,109 @@
+"""Where the Mosaic low-bit decode kernel's time goes: its loop regions from Mosaic GPU's own profiler.
+
+`pallas_kernels.decode_mgpu.low_bit_splits(profile_dir=...)` writes one Chrome-trace JSON per call with a begin
+and an end event per region and page for every block (warpgroup thread 0's clock): wait (the page's copies),
+keys (key parameters to f16 + key unpack), qk_values (Q.K wgmma, the value unpack that overlaps it, the wait),
+softmax (mask, max across warps, exp, P to shared memory), commit (fence + barrier), pv (rescale + P.V wgmma +
+wait). This script runs the kernel once per case on a frozen Qwen3-8B-shaped cache and prints, per region, the
+time summed over blocks, its share, and the mean per page; it writes the summary as JSON. ncu crashed on
+Mosaic kernels before (benchmarks/NOTES.md), hence this route.
+
+  PYTHONPATH=. python benchmarks/profile_decode_mgpu.py --out DIR [--contexts 16x32768,1x32768]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import json
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+REGIONS = ("wait", "keys", "qk_values", "softmax", "commit", "pv")
+
+
+def summarize(trace: dict) -> dict:
+    """Per region name: total duration over all blocks (trace time units), count, mean; plus each region's share
+    of the summed regions and the number of blocks. Events of one block (tid) nest as begin/end pairs."""
+    by_block = collections.defaultdict(list)
+    for e in trace["traceEvents"]:
+        by_block[(e["pid"], e["tid"])].append(e)
+    total = collections.Counter()
+    count = collections.Counter()
+    for events in by_block.values():
+        open_regions = []
+        for e in events:
+            if e["ph"] == "B":
+                open_regions.append(e)
+            else:
+                begin = open_regions.pop()
+                if begin["name"] != e["name"]:
+                    raise ValueError(f"unbalanced trace: {begin['name']!r} closed by {e['name']!r}")
+                total[e["name"]] += e["ts"] - begin["ts"]
+                count[e["name"]] += 1
+        if open_regions:
+            raise ValueError(f"unbalanced trace: {[e['name'] for e in open_regions]} never closed")
+    loop = sum(total[r] for r in REGIONS)
+    return {"blocks": len(by_block),
+            "regions": {name: {"total": total[name], "count": count[name], "mean": total[name] / count[name],
+                               "share_of_loop": total[name] / loop if loop else 0.0}
+                        for name in sorted(total, key=total.get, reverse=True)}}
+
+
+def profile_case(batch: int, context: int, out_dir: str) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from benchmarks.decode_kernel import CONFIG, make_inputs
+    from hyquant_jax.decode_kernel import LN2
+    from pallas_kernels import decode_mgpu as dm
+
+    inp = make_inputs(batch, 32, 8, 128, context, CONFIG)
+    c = inp.cache
+    b, h = c.batch, c.num_kv_heads
+    group = 32 // h
+    qg = inp.q.reshape(b, h, group, 128).astype(jnp.float32) / (np.sqrt(128.0) * LN2)
+    q = jnp.pad(qg, ((0, 0), (0, 0), (0, dm.ROWS - group), (0, 0)))[..., dm.KEY_CHANNELS].astype(jnp.float16)
+    ops = (c.k_codes, c.k_scale, c.k_zero, c.v_codes, c.v_scale[..., 0], c.v_zero[..., 0], c.page_count,
+           c.num_pages)
+    splits = dm.default_splits(b, h, c.page_count.shape[1])
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        jax.block_until_ready(dm.low_bit_splits(q, *ops, num_splits=splits, profile_dir=tmp))
+        jax.effects_barrier()  # the trace is written by a host callback
+        [path] = glob.glob(os.path.join(tmp, "*-trace.json"))
+        with open(path) as f:
+            summary = summarize(json.load(f))
+    pages = int(np.asarray(c.num_pages).sum()) * h
+    summary.update(batch=batch, context=context, splits=splits, pages=pages)
+    for r in summary["regions"].values():
+        r["per_page"] = r["total"] / pages
+    return summary
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=".")
+    p.add_argument("--contexts", default="16x32768,1x32768", help="BxS list")
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    from benchmarks.common import environment, write_json
+
+    result = {"environment": environment(), "command": " ".join(sys.argv), "cases": []}
+    for item in args.contexts.split(","):
+        batch, context = (int(x) for x in item.split("x"))
+        case = profile_case(batch, context, args.out)
+        result["cases"].append(case)
+        print(f"B{batch} {context}: {case['blocks']} blocks, {case['pages']} pages, {case['splits']} splits")
+        for name, r in case["regions"].items():
+            print(f"  {name:<10} share {100 * r['share_of_loop']:5.1f}%  mean {r['mean']:.3f}  per page "
+                  f"{r['per_page']:.3f}  (trace time units, summed over blocks)")
+    write_json(os.path.join(args.out, "profile_decode_mgpu.json"), result)
+
+
+if __name__ == "__main__":
+    main()
