@@ -219,7 +219,7 @@ NATURAL_FROM_VALUE_ROWS = np.argsort(VALUE_CHANNELS)
 
 def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_ref, o_ref, ml_ref,
             q_s, kc_s, ks_s, kz_s, vc_s, vs_s, vz_s, staging_s, p_s, o_s, ml_s, setup_bar, full,
-            *, stages: int, num_splits: int, pages: int):
+            *, stages: int, num_splits: int):
     b, h, split = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("splits")
     plgpu.copy_gmem_to_smem(q_ref.at[b, h], q_s, setup_bar)
     num_pages = plgpu.load(np_ref.at[b])
@@ -346,7 +346,7 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
         raise ValueError(f"num_splits and stages must be >= 1, got {num_splits}, {stages}")
     f32, u8, bf16 = jnp.float32, jnp.uint8, jnp.bfloat16
     kernel = plgpu.kernel(
-        functools.partial(_kernel, stages=stages, num_splits=num_splits, pages=pages),
+        functools.partial(_kernel, stages=stages, num_splits=num_splits),
         out_type=(jax.ShapeDtypeStruct((bsz, heads, num_splits, HEAD_DIM, ROWS), f32),
                   jax.ShapeDtypeStruct((bsz, heads, num_splits, 2, ROWS), f32)),
         grid=(bsz, heads, num_splits),
