@@ -30,7 +30,6 @@ LOG2E = math.log2(math.e)
 
 
 def speed(log, contexts, splits_per_sm, stage_list):
-    import hyquant_jax as hq
     from benchmarks.decode_kernel import CONFIG, cudnn_attention, hybrid_fn, make_inputs
     from hyquant_jax.decode_kernel import DecodeTuning
 
