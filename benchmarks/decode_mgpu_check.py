@@ -26,9 +26,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import environment, time_in_loop  # noqa: E402
 from pallas_kernels import decode_mgpu as dm  # noqa: E402
 
-LOG2E = math.log2(math.e)
-
-
 def speed(log, contexts, splits_per_sm, stage_list):
     from benchmarks.decode_kernel import CONFIG, cudnn_attention, hybrid_fn, make_inputs
     from hyquant_jax.decode_kernel import DecodeTuning
@@ -47,9 +44,7 @@ def speed(log, contexts, splits_per_sm, stage_list):
         nbytes = b * h * pages_used * (dm.PAGE * 2 * dm.BYTES + 2 * dm.HEAD_DIM * 2 + dm.PAGE * 2 * 2)
 
         def prep(q):
-            qg = q.reshape(b, h, group, 128).astype(jnp.float32) * (LOG2E / math.sqrt(128))
-            qg = jnp.pad(qg, ((0, 0), (0, 0), (0, dm.ROWS - group), (0, 0)))
-            return qg[..., dm.KEY_CHANNELS].astype(jnp.float16)
+            return dm.kernel_query(q, h, 1.0 / math.sqrt(128))
 
         def mgpu_fn(splits, stages):
             def fn(q, *operands):

@@ -56,19 +56,15 @@ def summarize(trace: dict) -> dict:
 
 def profile_case(batch: int, context: int, out_dir: str) -> dict:
     import jax
-    import jax.numpy as jnp
     import numpy as np
 
     from benchmarks.decode_kernel import CONFIG, make_inputs
-    from hyquant_jax.decode_kernel import LN2
     from pallas_kernels import decode_mgpu as dm
 
     inp = make_inputs(batch, 32, 8, 128, context, CONFIG)
     c = inp.cache
     b, h = c.batch, c.num_kv_heads
-    group = 32 // h
-    qg = inp.q.reshape(b, h, group, 128).astype(jnp.float32) / (np.sqrt(128.0) * LN2)
-    q = jnp.pad(qg, ((0, 0), (0, 0), (0, dm.ROWS - group), (0, 0)))[..., dm.KEY_CHANNELS].astype(jnp.float16)
+    q = dm.kernel_query(inp.q, h, 1.0 / np.sqrt(128.0))
     ops = (c.k_codes, c.k_scale, c.k_zero, c.v_codes, c.v_scale[..., 0], c.v_zero[..., 0], c.page_count,
            c.num_pages)
     splits = dm.default_splits(b, h, c.page_count.shape[1])

@@ -28,7 +28,6 @@ LOW_BIT_KERNELS = ("auto", "mosaic", "triton")
 # below it the second launch and the merge cost more than the kernel saves (H200, Qwen3-8B heads: B=1 at 16K
 # 0.0316 ms against Triton's 0.0288, at 32K 0.0446 against 0.0465; benchmarks/results/decode_kernel_h200.json).
 MOSAIC_MIN_PAGES = 4096
-LN2 = math.log(2.0)
 MAX_SPLIT_TOKENS = 4096  # measured: splits of <= 4K tokens are best from B=16 to 64 at 32K (split_sweep)
 
 
@@ -206,18 +205,15 @@ def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, interpret: 
                 interpret, mosaic_launch)
 
 
-def _mosaic_low_bit(qg, cache: HybridKVCache, lay: DecodeLayout, splits: int, stages: int):
-    """The low-bit pages through `pallas_kernels.decode_mgpu`, as Triton-style splits (natural-log maxima).
-
-    qg: float32 [B, H, rows, D], already times the softmax scale."""
+def _mosaic_low_bit(q, cache: HybridKVCache, scale: float, splits: int, stages: int):
+    """The low-bit pages through `pallas_kernels.decode_mgpu`, as Triton-style splits. q: [B, Hq, D]."""
     from pallas_kernels import decode_mgpu
 
-    q2 = (qg * (1.0 / LN2))[..., decode_mgpu.KEY_CHANNELS].astype(jnp.float16)  # base-2 logits
     o, m, l = decode_mgpu.low_bit_splits(
-        q2, cache.k_codes, cache.k_scale, cache.k_zero, cache.v_codes, cache.v_scale[..., 0],
-        cache.v_zero[..., 0], cache.page_count, cache.num_pages, num_splits=splits, stages=stages)
-    # empty splits: -inf like the Triton kernel's (merge_splits weighs them 0)
-    return o[..., decode_mgpu.NATURAL_FROM_VALUE_ROWS], jnp.where(l > 0, m * LN2, -jnp.inf), l
+        decode_mgpu.kernel_query(q, cache.num_kv_heads, scale), cache.k_codes, cache.k_scale, cache.k_zero,
+        cache.v_codes, cache.v_scale[..., 0], cache.v_zero[..., 0], cache.page_count, cache.num_pages,
+        num_splits=splits, stages=stages)
+    return decode_mgpu.natural_splits(o, m, l)
 
 
 @jax.jit(static_argnames=("lay", "scale", "num_warps", "num_stages", "interpret", "mosaic_launch"))
@@ -225,9 +221,8 @@ def _run(q, cache: HybridKVCache, lay: DecodeLayout, scale, num_warps, num_stage
     b, hq, d = q.shape
     h = lay.kv_heads
     qg = (q.astype(jnp.float32) * scale).reshape(b, h, lay.group, d)
-    qg = jnp.pad(qg, ((0, 0), (0, 0), (0, lay.rows - lay.group), (0, 0)))
-    low = None if mosaic_launch is None else _mosaic_low_bit(qg, cache, lay, *mosaic_launch)
-    qg = qg.astype(jnp.bfloat16)
+    qg = jnp.pad(qg, ((0, 0), (0, 0), (0, lay.rows - lay.group), (0, 0))).astype(jnp.bfloat16)
+    low = None if mosaic_launch is None else _mosaic_low_bit(q, cache, scale, *mosaic_launch)
     unused = jnp.zeros((1,), jnp.bfloat16)
     o, m, l = hybrid_decode_splits(
         qg, cache.k_codes,

@@ -45,12 +45,14 @@ from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from pallas_kernels.decode import merge_splits
 from pallas_kernels.prefill_mgpu import _swizzled  # tiling + swizzle transforms of a shared-memory operand
 
 PAGE = 64  # tokens per page
 HEAD_DIM = 128
 BYTES = HEAD_DIM // 2  # packed bytes per token: byte i holds dim i (low nibble) and dim 64 + i (high nibble)
 ROWS = 16  # query rows per KV head (the GQA group, zero-padded); wgmma N
+LN2 = math.log(2.0)
 NEG_INIT = -1e30  # finite running-max start: an empty split gives weight exp2(-1e30 - m) = 0 in the merge
 COPIES_PER_PAGE = 6  # bulk copies behind a slot's barrier: key codes, key scale, key zero, value codes,
 # value scale, value zero
@@ -411,14 +413,27 @@ def reference_low_bit(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, pag
     return out, m_all, l_all
 
 
+def kernel_query(q, num_kv_heads: int, scale: float):
+    """q [B, Hq, D=128] -> the kernel's q: f16 [B, H, 16, 128], each KV head's GQA group as rows (zero rows past
+    it), times scale / ln 2 (base-2 logits), channels in KEY_CHANNELS order."""
+    b, hq, d = q.shape
+    group = hq // num_kv_heads
+    qg = (q.astype(jnp.float32) * scale).reshape(b, num_kv_heads, group, d)
+    qg = jnp.pad(qg, ((0, 0), (0, 0), (0, ROWS - group), (0, 0)))
+    return (qg * (1.0 / LN2))[..., KEY_CHANNELS].astype(jnp.float16)
+
+
+def natural_splits(o, m, l):
+    """`low_bit_splits`' outputs in the Triton kernel's split convention (`pallas_kernels.decode.merge_splits`):
+    output channels in natural order, natural-log maxima, -inf for a split without keys."""
+    return o[..., NATURAL_FROM_VALUE_ROWS], jnp.where(l > 0, m * LN2, -jnp.inf), l
+
+
 def merge(o, m, l):
-    """Merge `low_bit_splits`' partial states into the normalized output [..., 16, 128], channels in the
+    """Merge `low_bit_splits`' partial states into the normalized output [B, H, 16, 128], channels in the
     natural order (0 for a sequence without pages)."""
-    m_max = m.max(axis=-2, keepdims=True)
-    w = jnp.exp2(m - m_max)
-    num = (o * w[..., None]).sum(axis=-3)
-    den = (l * w).sum(axis=-2)
-    return (num / jnp.where(den > 0, den, 1.0)[..., None])[..., NATURAL_FROM_VALUE_ROWS]
+    out, _ = merge_splits(*natural_splits(o, m, l), ROWS)
+    return out.reshape(o.shape[0], o.shape[1], ROWS, HEAD_DIM)
 
 
 def default_splits(batch: int, heads: int, pages: int, sms: int = 132, per_sm: int = 4) -> int:
