@@ -31,7 +31,7 @@ def speed(log, contexts, splits_per_sm, stage_list):
     from hyquant_jax.decode_kernel import DecodeTuning
 
     rows = []
-    for batch, context in contexts:
+    for batch, context, explicit_splits in contexts:
         inp = make_inputs(batch, 32, 8, 128, context, CONFIG)
         c = inp.cache
         b, h = c.batch, c.num_kv_heads
@@ -70,8 +70,9 @@ def speed(log, contexts, splits_per_sm, stage_list):
                 row = dict(base, kernel=name, error=f"{type(e).__name__}: {e}"[:500])
             log(json.dumps(row))
             rows.append(row)
-        for per_sm in splits_per_sm:
-            splits = dm.default_splits(b, h, pages_used, per_sm=per_sm)
+        choices = ([(None, s) for s in explicit_splits] if explicit_splits else
+                   [(per_sm, dm.default_splits(b, h, pages_used, per_sm=per_sm)) for per_sm in splits_per_sm])
+        for per_sm, splits in choices:
             for stages in stage_list:
                 try:
                     fn = mgpu_fn(splits, stages)
@@ -94,7 +95,8 @@ def speed(log, contexts, splits_per_sm, stage_list):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=".")
-    p.add_argument("--contexts", default="1x32768,16x32768,1x131072", help="BxS list")
+    p.add_argument("--contexts", default="1x32768,16x32768,1x131072",
+                   help="BxS list; BxS:s1/s2/... times those split counts instead of --per-sm's")
     p.add_argument("--per-sm", default="2,4,8")
     p.add_argument("--stages", default="2,3,4")
     args = p.parse_args()
@@ -107,7 +109,11 @@ def main():
         log_file.flush()
 
     result = dict(environment=environment(), command=" ".join(sys.argv))
-    contexts = [tuple(int(x) for x in s.split("x")) for s in args.contexts.split(",")]
+    contexts = []
+    for item in args.contexts.split(","):
+        shape, _, splits = item.partition(":")
+        batch, context = (int(x) for x in shape.split("x"))
+        contexts.append((batch, context, [int(x) for x in splits.split("/")] if splits else []))
     result["speed"] = speed(log, contexts, [int(x) for x in args.per_sm.split(",")],
                             [int(x) for x in args.stages.split(",")])
     with open(os.path.join(args.out, "decode_mgpu_check.json"), "w") as f:

@@ -3,10 +3,11 @@
 `pallas_kernels.decode_mgpu.low_bit_splits(profile_dir=...)` writes one Chrome-trace JSON per call with a begin
 and an end event per region and page for every block (warpgroup thread 0's clock): wait (the page's copies),
 keys (key parameters to f16 + key unpack), qk_values (Q.K wgmma, the value unpack that overlaps it, the wait),
-softmax (mask, max across warps, exp, P to shared memory), commit (fence + barrier), pv (rescale + P.V wgmma +
-wait). This script runs the kernel once per case on a frozen Qwen3-8B-shaped cache and prints, per region, the
-time summed over blocks, its share, and the mean per page; it writes the summary as JSON. ncu crashed on
-Mosaic kernels before (benchmarks/NOTES.md), hence this route.
+softmax (mask, exp against the lazy running max, P to shared memory, page mark), commit (fence + barrier),
+redo (reading the mark; a marked page's exact maximum and rescale), pv (P.V wgmma + wait). This script runs
+the kernel once per case on a frozen Qwen3-8B-shaped cache and prints, per region, the time summed over
+blocks, its share, and the mean per page; it writes the summary as JSON. ncu crashed on Mosaic kernels before
+(benchmarks/NOTES.md), hence this route.
 
   PYTHONPATH=. python benchmarks/profile_decode_mgpu.py --out DIR [--contexts 16x32768,1x32768]
 """
@@ -23,7 +24,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-REGIONS = ("wait", "keys", "qk_values", "softmax", "commit", "pv")
+REGIONS = ("wait", "keys", "qk_values", "softmax", "commit", "redo", "pv")
 
 
 def summarize(trace: dict) -> dict:

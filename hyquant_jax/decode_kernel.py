@@ -45,7 +45,8 @@ class DecodeTuning:
       "auto" (mosaic where it fits and the cache holds at least MOSAIC_MIN_PAGES pages over all sequences
       and KV heads, else triton);
     mosaic_blocks_per_sm, mosaic_stages: the Mosaic kernel's splits (batch x KV heads x splits fill this
-      many blocks per multiprocessor) and pages in flight per block.
+      many blocks per multiprocessor, at least 2 splits; `decode_mgpu.default_splits`) and pages in flight
+      per block.
     """
 
     n_low: int | None = None
@@ -57,7 +58,7 @@ class DecodeTuning:
     num_stages: int | None = None
     sm_count: int = H200_SMS
     low_bit: str = "auto"
-    mosaic_blocks_per_sm: int = 4
+    mosaic_blocks_per_sm: int = 2
     mosaic_stages: int = 2
 
     def launch(self, lay: DecodeLayout, batch: int) -> tuple[int, int]:

@@ -24,9 +24,10 @@ Here the 4-bit codes become fp16 wgmma operands with one prmt per 4 codes and on
 * the value scale multiplies the probabilities (P' = p * scale_t) and the value zero point adds
   sum_t p_t * zero_t per row, so the value codes enter the tensor cores as they are.
 
-The softmax runs in base 2 (the caller folds softmax_scale * log2(e) into q). Per page there is one
-cross-warp reduction (the row maxima); the denominators and zero-point sums are accumulated per thread
-and reduced once at the end of a split.
+The softmax runs in base 2 (the caller folds softmax_scale * log2(e) into q) with a lazy running max: a
+page whose logits stay within LAZY_MAX_SLACK of the running max needs no cross-warp reduction (only a mark
+in shared memory, read after the barrier the page has anyway); a page past it is redone with the exact max.
+The denominators and zero-point sums are accumulated per thread and reduced once at the end of a split.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ BYTES = HEAD_DIM // 2  # packed bytes per token: byte i holds dim i (low nibble)
 ROWS = 16  # query rows per KV head (the GQA group, zero-padded); wgmma N
 LN2 = math.log(2.0)
 NEG_INIT = -1e30  # finite running-max start: an empty split gives weight exp2(-1e30 - m) = 0 in the merge
+LAZY_MAX_SLACK = 8.0  # base-2 logits may exceed the running max by this much before it is updated (p <= 256)
 COPIES_PER_PAGE = 6  # bulk copies behind a slot's barrier: key codes, key scale, key zero, value codes,
 # value scale, value zero
 
@@ -208,6 +210,34 @@ def _value_tile(ctx, codes):
     return mgpu.FragmentedArray(_registers=regs, _layout=layout, _is_signed=None)
 
 
+def _mark_page(ctx, marks, flags):
+    """Threads holding a nonzero mark (page + 1) store it into flags[page % 2]; marks: i32 [64, 16] in the
+    WGMMA layout, 0 or page + 1; flags: i32 [2] in shared memory. Two words alternate so that the next page's
+    marks never overwrite a word before every thread has read it (reads follow the commit's barrier)."""
+    del ctx
+    i32 = ir.IntegerType.get_signless(32)
+    mark = None
+    for reg in marks.registers.flat:
+        for n in range(2):
+            x = vector.extract(reg, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([n]))
+            mark = x if mark is None else arith.ori(mark, x)
+    base = llvm.ptrtoint(i32, mgpu_utils.memref_ptr(flags))
+    mgpu_utils.inline_ptx(
+        "{ .reg .pred p; .reg .b32 a; setp.ne.u32 p, $0, 0; and.b32 a, $0, 1; xor.b32 a, a, 1; "
+        "shl.b32 a, a, 2; add.u32 a, a, $1; @p st.shared.u32 [a], $0; }",
+        mark, base, has_side_effects=True)
+
+
+def _clear_flags(ctx, flags):
+    """flags[0] = flags[1] = 0 (every thread stores a zero into word tid % 2)."""
+    del ctx
+    i32 = ir.IntegerType.get_signless(32)
+    base = llvm.ptrtoint(i32, mgpu_utils.memref_ptr(flags))
+    mgpu_utils.inline_ptx(
+        "{ .reg .b32 a, t; mov.u32 t, %tid.x; and.b32 t, t, 1; shl.b32 t, t, 2; add.u32 a, t, $0; "
+        "st.shared.u32 [a], 0; }", base, has_side_effects=True)
+
+
 def _value_channels() -> np.ndarray:
     """VALUE_CHANNELS[r] = the head dim held by row r of the value tile (and of the kernel's output rows)."""
     r = np.arange(HEAD_DIM)
@@ -220,7 +250,7 @@ NATURAL_FROM_VALUE_ROWS = np.argsort(VALUE_CHANNELS)
 
 
 def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_ref, o_ref, ml_ref,
-            q_s, kc_s, ks_s, kz_s, vc_s, vs_s, vz_s, staging_s, p_s, o_s, ml_s, setup_bar, full,
+            q_s, kc_s, ks_s, kz_s, vc_s, vs_s, vz_s, staging_s, p_s, o_s, ml_s, flag_s, setup_bar, full,
             *, stages: int, num_splits: int):
     b, h, split = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("splits")
     plgpu.copy_gmem_to_smem(q_ref.at[b, h], q_s, setup_bar)
@@ -251,6 +281,9 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
     value_tile = plgpu.inline_mgpu(
         arg_types=(plgpu.RefType(transforms=_swizzled(jnp.uint8, BYTES)),),
         return_type=plgpu.ShapeDtypeStruct((HEAD_DIM, PAGE), jnp.float16, layout=wg))(_value_tile)
+    mark_page = plgpu.inline_mgpu(arg_types=(wg, plgpu.RefType()))(_mark_page)
+    # ordered before the first page's marks by the key staging barrier of that page
+    plgpu.inline_mgpu(arg_types=(plgpu.RefType(),))(_clear_flags)(flag_s)
     per_token = functools.partial(lax.broadcast_in_dim, shape=(PAGE, ROWS), broadcast_dimensions=[0])
     per_row = functools.partial(lax.broadcast_in_dim, shape=(PAGE, ROWS), broadcast_dimensions=[1])
 
@@ -275,16 +308,34 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
         with jax.named_scope("softmax"):
             tokens = plgpu.broadcasted_iota(jnp.int32, (PAGE, ROWS), 0, layout=wg)
             s = jnp.where(tokens < count, s, -jnp.inf)
+            v_scale = plgpu.load(vs_s.at[slot], layout=wg.reduce(1)).astype(jnp.float32)
+            v_zero = plgpu.load(vz_s.at[slot], layout=wg.reduce(1)).astype(jnp.float32)
+
+            # Lazy max: the running max m is kept unless a logit of this page exceeds it by more than
+            # LAZY_MAX_SLACK, so p = 2^(s - m) <= 2^LAZY_MAX_SLACK and no cross-warp maximum is needed. A thread
+            # holding a larger logit marks the page in `flag_s`; all threads read the mark after the commit's
+            # barrier (a uniform branch) and a marked page is redone with the exact maximum (the first page of
+            # a split always is).
+            p = jnp.exp2(s - per_row(m))
+            p_s[...] = (p * per_token(v_scale)).astype(jnp.float16)
+            mark_page(jnp.where(s > per_row(m + LAZY_MAX_SLACK), page + 1, 0), flag_s)
+        with jax.named_scope("commit"):
+            plgpu.commit_smem()  # P visible to the tensor cores; every thread is done reading the slot
+
+        def redo():
             m_new = jnp.maximum(m, s.max(axis=0))
             alpha = jnp.exp2(m - m_new)
             p = jnp.exp2(s - per_row(m_new))
-            v_scale = plgpu.load(vs_s.at[slot], layout=wg.reduce(1)).astype(jnp.float32)
-            v_zero = plgpu.load(vz_s.at[slot], layout=wg.reduce(1)).astype(jnp.float32)
-            l_part = l_part * per_row(alpha) + p
-            z_part = z_part * per_row(alpha) + p * per_token(v_zero)
             p_s[...] = (p * per_token(v_scale)).astype(jnp.float16)
-        with jax.named_scope("commit"):
-            plgpu.commit_smem()  # P visible to the tensor cores; every thread is done reading the slot
+            plgpu.commit_smem()
+            return (acc * lax.broadcast_in_dim(alpha, acc.shape, [1]), m_new,
+                    l_part * per_row(alpha) + p, z_part * per_row(alpha) + p * per_token(v_zero))
+
+        def keep():
+            return acc, m, l_part + p, z_part + p * per_token(v_zero)
+
+        with jax.named_scope("redo"):
+            acc, m, l_part, z_part = lax.cond(flag_s[page % 2] == page + 1, redo, keep)
 
         @pl.when(page + stages < stop)
         def _refill():
@@ -292,10 +343,14 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
 
         def pv(acc_ref):
             plgpu.wgmma(acc_ref, values, p_s)
+            return acc_ref[...]
 
         with jax.named_scope("pv"):
-            acc = pl.run_state(pv)(plgpu.ACC.init(acc * lax.broadcast_in_dim(alpha, acc.shape, [1])))
-        return acc, m_new, l_part, z_part
+            # Each page's P.V starts from zero and is added here: accumulating all pages inside the tensor
+            # cores loses precision with the number of pages (relative error ~3e-5 per page, 1.4e-2 over
+            # 512 pages, benchmarks/NOTES.md).
+            acc = acc + pl.run_scoped(pv, plgpu.ACC((HEAD_DIM, ROWS), jnp.float32))
+        return acc, m, l_part, z_part
 
     carry = (plgpu.layout_cast(jnp.zeros((HEAD_DIM, ROWS), jnp.float32), wg),
              plgpu.layout_cast(jnp.full((ROWS,), NEG_INIT, jnp.float32), wg.reduce(0)),
@@ -365,6 +420,7 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
             plgpu.SMEM((PAGE, ROWS), jnp.float16, transforms=_swizzled(jnp.float16, ROWS)),
             plgpu.SMEM((HEAD_DIM, ROWS), f32),
             plgpu.SMEM((2, ROWS), f32),
+            plgpu.SMEM((2,), jnp.int32),  # lazy max: pages marked for an exact redo
             plgpu.Barrier(num_arrivals=1),
             plgpu.Barrier(num_arrivals=COPIES_PER_PAGE, num_barriers=stages),
         ],
@@ -436,6 +492,9 @@ def merge(o, m, l):
     return out.reshape(o.shape[0], o.shape[1], ROWS, HEAD_DIM)
 
 
-def default_splits(batch: int, heads: int, pages: int, sms: int = 132, per_sm: int = 4) -> int:
-    """Splits so that batch * heads * splits fills `per_sm` blocks per multiprocessor, at least 1 page each."""
-    return max(1, min(pages, math.ceil(sms * per_sm / max(batch * heads, 1))))
+def default_splits(batch: int, heads: int, pages: int, sms: int = 132, per_sm: int = 2) -> int:
+    """Splits so that batch * heads * splits gives `per_sm` blocks per multiprocessor, at least 2 (the
+    blocks then balance across multiprocessors at large batch) and at least 1 page each. The H200 sweep
+    (`results/decode_mgpu_splits_h200.json`): 2 per multiprocessor beat 4 and 8 at B1 32K and 128K and B16
+    32K; at B64 and B72, 1 split per (sequence, head) was 7-10% slower than 2."""
+    return max(1, min(pages, max(2, math.ceil(sms * per_sm / max(batch * heads, 1)))))

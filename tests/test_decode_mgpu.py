@@ -24,15 +24,20 @@ from tests.test_decode_kernel import _cache
 on_hopper = jax.default_backend() == "gpu" and str(getattr(jax.devices()[0], "compute_capability", "")).startswith("9.")
 
 
-def random_case(batch, heads, pages, num_pages, seed, partial=True):
-    """Random cache arrays in the kernel's argument order (q natural f32 [B, H, 16, 128], base-2 logits)."""
+def random_case(batch, heads, pages, num_pages, seed, partial=True, spike_page=None):
+    """Random cache arrays in the kernel's argument order (q natural f32 [B, H, 16, 128], base-2 logits).
+    spike_page: shift that page's key zero points by 10, moving its logits by 10 * sum(q row), about +-20 (the
+    running max jumps mid-split, past the lazy max's slack for some rows)."""
     rng = np.random.default_rng(seed)
     slots = pages * dm.PAGE
     bf16 = lambda x: np.asarray(jnp.asarray(x, jnp.bfloat16))  # noqa: E731
     q = (rng.normal(size=(batch, heads, dm.ROWS, dm.HEAD_DIM)) * 0.2).astype(np.float32)
     kc = rng.integers(0, 256, (batch, heads, slots, dm.BYTES), dtype=np.uint8)
     ks = bf16(rng.uniform(0.02, 0.2, (batch, heads, pages, dm.HEAD_DIM)))
-    kz = bf16(rng.normal(size=(batch, heads, pages, dm.HEAD_DIM)))
+    kz = rng.normal(size=(batch, heads, pages, dm.HEAD_DIM))
+    if spike_page is not None:
+        kz[:, :, spike_page] += 10.0
+    kz = bf16(kz)
     vc = rng.integers(0, 256, (batch, heads, slots, dm.BYTES), dtype=np.uint8)
     vs = bf16(rng.uniform(0.02, 0.2, (batch, heads, slots)))
     vz = bf16(rng.normal(size=(batch, heads, slots)))
@@ -209,6 +214,8 @@ GPU_CASES = [  # (name, case kwargs, splits, stages)
     ("more splits than pages", dict(batch=2, heads=1, pages=3, num_pages=[3, 1], seed=2), 8, 2),
     ("40 pages, 5 splits, 4 stages", dict(batch=1, heads=8, pages=40, num_pages=[37], seed=3), 5, 4),
     ("one split", dict(batch=2, heads=3, pages=9, num_pages=[9, 7], seed=4), 1, 2),
+    ("300 pages in one split", dict(batch=1, heads=2, pages=300, num_pages=[300], seed=6, partial=False), 1, 2),
+    ("max jumps mid-split", dict(batch=2, heads=2, pages=12, num_pages=[12, 10], seed=5, spike_page=7), 2, 2),
 ]
 
 
