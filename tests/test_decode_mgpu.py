@@ -152,6 +152,15 @@ def test_mosaic_choice():
     assert not decode_kernel.mosaic_low_bit_fits(cache, config, 2 * 17)  # GQA group of 17 > 16 rows
 
 
+def test_default_splits():
+    """2 blocks per multiprocessor (132 on the H200), at least 2 splits, never more splits than pages."""
+    assert dm.default_splits(1, 8, 512) == 33  # B1 32K: 264 blocks
+    assert dm.default_splits(16, 8, 512) == 3  # B16 32K: 384 blocks
+    assert dm.default_splits(64, 8, 512) == 2 and dm.default_splits(72, 8, 512) == 2  # at least 2
+    assert dm.default_splits(1, 8, 16) == 16 and dm.default_splits(4, 8, 1) == 1  # capped by the pages
+    assert dm.default_splits(1, 8, 2048, per_sm=4) == 66
+
+
 SHARDED_LOWERING = """
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
