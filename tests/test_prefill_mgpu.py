@@ -117,6 +117,10 @@ GPU_CASES = [
      _cfg(window=128, prefill_block=64, rho=0.05), "vti", MOSAIC_PREFILL),
     ("two_wgs_block64_kv64_d64", (2, 9, 3, 777, 64), [777, 300], _cfg(window=128, prefill_block=64, rho=0.1),
      "random", dict(compute_wgs=2, block_kv=64, stages=3, pingpong=True)),
+    # The kernel accumulates P.V in the tensor cores over every key step of a row block (128 steps here). The
+    # decode kernel lost ~3e-5 relative per step that way (benchmarks/NOTES.md, session 20): a long prompt.
+    ("mosaic_setting_16k", (1, 2, 1, 16384, 128), [16384], _cfg(window=128, prefill_block=128, rho=0.05), "vti",
+     MOSAIC_PREFILL),
 ]
 
 
