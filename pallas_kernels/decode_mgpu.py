@@ -377,10 +377,11 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
       per page and channel; v_scale, v_zero: bf16 [B, H, S] per token; page_count: int32 [B, S // 64] tokens
       at the front of each page; num_pages: int32 [B] pages in use.
     Returns (o f32 [B, H, splits, 16, 128] unnormalized, channels in VALUE_CHANNELS order; m f32
-    [B, H, splits, 16] base-2 running max; l f32 [B, H, splits, 16] denominator). A split without pages has
-    o = 0, m = NEG_INIT and l = 0. `merge` combines the splits.
-    profile_dir: also write a trace of every block's loop regions (wait, keys, qk_values, softmax, commit, pv per
-    page; Mosaic GPU's profiler, timestamps of warpgroup thread 0) to this folder, one JSON per call
+    [B, H, splits, 16] the base-2 reference of o and l: the split's logits are at most m + LAZY_MAX_SLACK
+    (the lazy running max); l f32 [B, H, splits, 16] denominator, sum of 2^(logit - m)). A split without
+    pages has o = 0, m = NEG_INIT and l = 0. `merge` combines the splits.
+    profile_dir: also write a trace of every block's loop regions (wait, keys, qk_values, softmax, commit, redo,
+    pv per page; Mosaic GPU's profiler, timestamps of warpgroup thread 0) to this folder, one JSON per call
     (`benchmarks/profile_decode_mgpu.py` summarizes it). The profile adds a few cycles per region.
     """
     bsz, heads, slots, _ = k_codes.shape
