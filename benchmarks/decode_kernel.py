@@ -325,8 +325,8 @@ def table(rows) -> str:
         def ms(m):
             return f"{r[m]['loop_ms']:.4f}" if "loop_ms" in r.get(m, {}) else "n/a"
         sp = r["hybrid"].get("speedup_vs_best_bf16", float("nan"))
-        lines.append(f"{r['case']:<20} {ms('hybrid'):>9} {ms('hybrid_triton'):>9} {ms('cudnn'):>9} {ms('pallas'):>9} {ms('xla'):>9} "
-                     f"{ms('kivi4'):>9} {sp:>7.2f}x {r['hybrid'].get('tb_per_s', float('nan')):>9.2f} "
+        lines.append(f"{r['case']:<20} {ms('hybrid'):>9} {ms('hybrid_triton'):>9} {ms('cudnn'):>9} "
+                     f"{ms('pallas'):>9} {ms('xla'):>9} {ms('kivi4'):>9} {sp:>7.2f}x {r['hybrid'].get('tb_per_s', float('nan')):>9.2f} "
                      f"{r['hybrid_rel_err_vs_reference']:>8.1e}")
     return "\n".join(lines)
 
