@@ -4,7 +4,7 @@
 the configs it covers (`mosaic_low_bit_fits`: K4V4 "channel_key", pages of 64, head_dim 128, GQA groups of
 at most 16) and caches of at least MOSAIC_MIN_PAGES pages, the low-bit pages go to
 `pallas_kernels.decode_mgpu` (Mosaic GPU) instead and the Triton kernel scans only the VL and ring splits:
-on the H200 the whole decode is then 1.06x (B1 32K), 1.50x (B1 128K) and 1.45x (B16 32K) as fast as with
+on the H200 the whole decode is then 1.14x (B1 32K), 1.68x (B1 128K) and 1.52x (B16 32K) as fast as with
 the Triton kernel alone (benchmarks/results/decode_kernel_h200.json). This module picks the launch shapes
 and merges the per-split results of both.
 """
@@ -27,7 +27,8 @@ LOW_BIT_KERNELS = ("auto", "mosaic", "triton")
 # "auto" takes the Mosaic low-bit kernel from this many (sequence, KV head, page) triples of cache capacity:
 # below it the second launch and the merge cost more than the kernel saves (H200, Qwen3-8B heads: B=1 at 16K
 # 0.0316 ms against Triton's 0.0288, at 32K 0.0446 against 0.0465; benchmarks/results/decode_kernel_h200_s19.json,
-# measured with the session-19 kernel; not re-measured since).
+# measured with the session-19 kernel; re-checked with the session-20 kernel in decode_mosaic_threshold_h200.json:
+# 16K 0.0319 vs Triton's 0.0288, 32K 0.0442 vs 0.0471).
 MOSAIC_MIN_PAGES = 4096
 MAX_SPLIT_TOKENS = 4096  # measured: splits of <= 4K tokens are best from B=16 to 64 at 32K (split_sweep)
 

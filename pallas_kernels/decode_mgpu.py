@@ -431,6 +431,9 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
         # (the key parameters): Pallas's automatic barriers around each store and copy are not needed.
         compiler_params=plgpu.CompilerParams(
             unsafe_no_auto_barriers=True,
+            # exp2 as one ex2.approx.ftz (results below 2^-126 flush to 0); without it ptxas wraps each exp2 in
+            # a 4-instruction subnormal range fix-up (the session-21 SASS, benchmarks/results/decode_mgpu_s21.sass)
+            approx_math=True,
             # regions x (begin, end) per page of the longest split, plus slack; bounds-checked anyway
             **(dict(profile_space=16 * (pages // num_splits + 2), profile_dir=profile_dir,
                     profile_bounds_check=True) if profile_dir else {})),

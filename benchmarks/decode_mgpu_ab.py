@@ -1,0 +1,77 @@
+"""A/B of the Mosaic low-bit decode kernel against an earlier copy of its module, one process, same inputs.
+
+For kernel changes that should not change results much and must be timed against the kernel before them
+on the same machine: the low-bit kernel alone (q preparation and merge included, `default_splits`), Qwen3-8B
+heads, K4V4 channel_key, in the order previous / current / previous again, ms per call in a jitted loop and
+the largest difference to the previous kernel's output relative to its largest value.
+
+  cp pallas_kernels/decode_mgpu.py /tmp/prev.py   # before the change
+  PYTHONPATH=. python benchmarks/decode_mgpu_ab.py --prev /tmp/prev.py --out DIR --name NAME
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import sys
+
+import jax
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import environment, time_in_loop  # noqa: E402
+from pallas_kernels import decode_mgpu as current  # noqa: E402
+
+
+def load_module(path: str):
+    spec = importlib.util.spec_from_file_location("decode_mgpu_prev", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--prev", required=True, help="path of the earlier decode_mgpu.py")
+    p.add_argument("--out", default=".")
+    p.add_argument("--name", default="decode_mgpu_ab")
+    p.add_argument("--cases", default="16x32768,1x131072,1x32768", help="BxS list")
+    args = p.parse_args()
+    from benchmarks.decode_kernel import CONFIG, make_inputs
+
+    previous = load_module(args.prev)
+    os.makedirs(args.out, exist_ok=True)
+    rows = []
+    for item in args.cases.split(","):
+        batch, context = (int(x) for x in item.split("x"))
+        inp = make_inputs(batch, 32, 8, 128, context, CONFIG)
+        c = inp.cache
+        ops = (c.k_codes, c.k_scale, c.k_zero, c.v_codes, c.v_scale[..., 0], c.v_zero[..., 0], c.page_count,
+               c.num_pages)
+        splits = current.default_splits(c.batch, 8, c.page_count.shape[1])
+        iters = int(max(20, min(400, 4e6 / (context * batch))))
+        ref = None
+        for name, mod in [("previous", previous), ("current", current), ("previous_again", previous)]:
+            def fn(q, *operands, mod=mod):
+                o, m, l = mod.low_bit_splits(mod.kernel_query(q, 8, 1 / math.sqrt(128)), *operands,
+                                             num_splits=splits)
+                return mod.merge(o, m, l)[:, :, :4].reshape(q.shape).astype(q.dtype)
+
+            got = np.asarray(jax.jit(fn)(inp.q, *ops), np.float64)
+            ref = got if ref is None else ref
+            row = dict(batch=batch, context=context, splits=splits, kernel=name,
+                       ms=1e3 * time_in_loop(fn, inp.q, ops, iters, 5),
+                       max_rel_diff_vs_previous=float(np.abs(got - ref).max() / np.abs(ref).max()))
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+        del inp, ops
+    with open(os.path.join(args.out, args.name + ".json"), "w") as f:
+        json.dump(dict(environment=environment(), command=" ".join(sys.argv), rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
