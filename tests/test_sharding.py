@@ -5,7 +5,7 @@ XLA_FLAGS=--xla_force_host_platform_device_count=8 is set before JAX starts;
 this pytest process already started JAX (other test files import it), so they
 run in one fresh interpreter (`sharded_generate_worker.py`, about 2 minutes
 on 2 cores) and each case is reported as its own test here. The rest runs
-in-process on one device.
+in-process on one device, except one GPU test that needs 2 Hopper GPUs.
 """
 
 from __future__ import annotations
@@ -203,8 +203,8 @@ def test_gpu_sharded_hyquant_equals_single_device(mesh_shape):
     """HybridAttention with the GPU kernels (whole-prompt prefill + Freeze, then one decode step) on a 2-GPU
     mesh equals the same calls on one GPU: the caches bit for bit (the ring scores within 5e-3: they use the
     decode kernel's lse), the outputs within the kernels' tolerance, and the decode also against the float
-    reference. The shapes make each shard's decode take the Mosaic
-    low-bit kernel (B x local KV heads x pages >= MOSAIC_MIN_PAGES)."""
+    reference. The shapes make each shard's decode take the Mosaic low-bit kernel (B x local KV heads x pages
+    >= MOSAIC_MIN_PAGES)."""
     from models.attention import DecodeContext, PrefillContext
 
     from hyquant_jax import decode_kernel, hybrid_decode_attention_reference
