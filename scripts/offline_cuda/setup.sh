@@ -1,6 +1,6 @@
 #!/bin/bash
 # Tools to compile Mosaic GPU kernels to PTX and SASS on a machine without a GPU (benchmarks/mosaic_sass.py),
-# into .offline_cuda/ (git-ignored, ~600 MB unpacked): the CUDA 13 plugin of jax 0.11.2 (its Mosaic GPU
+# into .offline_cuda/ (git-ignored, ~700 MB unpacked): the CUDA 13 plugin of jax 0.11.2 (its Mosaic GPU
 # compiler and runtime library), CUDA 13.0's ptxas (the GPU box has /usr/local/cuda-13.0), nvdisasm, and a
 # libcuda stub built from libcuda_stub.c. Needs pip access to PyPI and a C compiler. Run from the repository
 # root:  bash scripts/offline_cuda/setup.sh
