@@ -2,8 +2,9 @@
 
 For kernel changes that should not change results much and must be timed against the kernel before them
 on the same machine: the low-bit kernel alone (q preparation and merge included, `default_splits`), Qwen3-8B
-heads, K4V4 channel_key, in the order previous / current / previous again, ms per call in a jitted loop and
-the largest difference to the previous kernel's output relative to its largest value.
+heads, K4V4 channel_key, in the order previous / current / previous again for each split setting, ms per
+call in a jitted loop and the largest difference to the first output of the case (the previous kernel at the
+first split setting) relative to its largest value.
 
   cp pallas_kernels/decode_mgpu.py /tmp/prev.py   # before the change
   PYTHONPATH=. python benchmarks/decode_mgpu_ab.py --prev /tmp/prev.py --out DIR --name NAME
@@ -40,6 +41,7 @@ def main():
     p.add_argument("--out", default=".")
     p.add_argument("--name", default="decode_mgpu_ab")
     p.add_argument("--cases", default="16x32768,1x131072,1x32768", help="BxS list")
+    p.add_argument("--per-sm", default="2", help="comma list: blocks per multiprocessor for default_splits")
     args = p.parse_args()
     from benchmarks.decode_kernel import CONFIG, make_inputs
 
@@ -52,22 +54,23 @@ def main():
         c = inp.cache
         ops = (c.k_codes, c.k_scale, c.k_zero, c.v_codes, c.v_scale[..., 0], c.v_zero[..., 0], c.page_count,
                c.num_pages)
-        splits = current.default_splits(c.batch, 8, c.page_count.shape[1])
         iters = int(max(20, min(400, 4e6 / (context * batch))))
         ref = None
-        for name, mod in [("previous", previous), ("current", current), ("previous_again", previous)]:
-            def fn(q, *operands, mod=mod):
-                o, m, l = mod.low_bit_splits(mod.kernel_query(q, 8, 1 / math.sqrt(128)), *operands,
-                                             num_splits=splits)
-                return mod.merge(o, m, l)[:, :, :4].reshape(q.shape).astype(q.dtype)
+        for per_sm in (int(x) for x in args.per_sm.split(",")):
+            splits = current.default_splits(c.batch, 8, c.page_count.shape[1], per_sm=per_sm)
+            for name, mod in [("previous", previous), ("current", current), ("previous_again", previous)]:
+                def fn(q, *operands, mod=mod, splits=splits):
+                    o, m, l = mod.low_bit_splits(mod.kernel_query(q, 8, 1 / math.sqrt(128)), *operands,
+                                                 num_splits=splits)
+                    return mod.merge(o, m, l)[:, :, :4].reshape(q.shape).astype(q.dtype)
 
-            got = np.asarray(jax.jit(fn)(inp.q, *ops), np.float64)
-            ref = got if ref is None else ref
-            row = dict(batch=batch, context=context, splits=splits, kernel=name,
-                       ms=1e3 * time_in_loop(fn, inp.q, ops, iters, 5),
-                       max_rel_diff_vs_previous=float(np.abs(got - ref).max() / np.abs(ref).max()))
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+                got = np.asarray(jax.jit(fn)(inp.q, *ops), np.float64)
+                ref = got if ref is None else ref
+                row = dict(batch=batch, context=context, per_sm=per_sm, splits=splits, kernel=name,
+                           ms=1e3 * time_in_loop(fn, inp.q, ops, iters, 5),
+                           max_rel_diff_vs_previous=float(np.abs(got - ref).max() / np.abs(ref).max()))
+                print(json.dumps(row), flush=True)
+                rows.append(row)
         del inp, ops
     with open(os.path.join(args.out, args.name + ".json"), "w") as f:
         json.dump(dict(environment=environment(), command=" ".join(sys.argv), rows=rows), f, indent=1)
