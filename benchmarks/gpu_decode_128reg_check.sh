@@ -5,8 +5,8 @@
 # instead of 635, results/mosaic_sass_decode_128_registers.json). Before the call, on this machine:
 #   cp pallas_kernels/decode_mgpu.py .gpu_run/decode_mgpu_prev.py
 #   git apply benchmarks/results/decode_mgpu_128_registers.patch
-# then run this with carry [".gpu_run"]: the GPU oracle tests, the whole-decode tunings (Mosaic ones included), and the
-# same-process A/B against the previous kernel at 2, 3 and 4 blocks per multiprocessor.
+# then run this with carry [".gpu_run"]: the GPU oracle tests, the whole-decode tunings (Mosaic ones
+# included), and the same-process A/B against the previous kernel at 2, 3 and 4 blocks per multiprocessor.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

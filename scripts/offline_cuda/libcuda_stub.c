@@ -2,7 +2,6 @@
  * (benchmarks/mosaic_sass.py): Mosaic GPU's compile asks the driver for the compute capability before it
  * runs its MLIR -> PTX -> ptxas pipeline. This library answers for one H200 (sm_90) and makes the final
  * module load fail, after the PTX and the ptxas report are written. */
-#include <stdio.h>
 #include <string.h>
 
 typedef int CUresult;
