@@ -303,6 +303,17 @@ def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref
                 pl.when(wg == w)(functools.partial(rows_of, w))
 
 
+def argument_shapes(batch: int, q_heads: int, kv_heads: int, tokens: int, vl_slots: int, head_dim: int) -> tuple:
+    """jax.ShapeDtypeStruct of each argument of `hybrid_prefill_mgpu`, in order (for lowering without data)."""
+    sd = jax.ShapeDtypeStruct
+    b, hq, hkv, tp, kp, d = batch, q_heads, kv_heads, tokens, vl_slots, head_dim
+    bf, i8, f32 = jnp.bfloat16, jnp.int8, jnp.float32
+    return (sd((b, hkv, tp // 64, 4), jnp.int32), sd((b, hq, tp, d), bf), sd((b, hq, tp, d), i8),
+            sd((b, hq, tp), f32), sd((b, hq, tp), f32), sd((b, hkv, tp, d), i8), sd((b, hkv, tp), f32),
+            sd((b, hkv, tp, d), bf), sd((b, hkv, d), f32), sd((b, hkv, kp, d), bf), sd((b, hkv, kp, d), bf),
+            sd((b, hkv, tp, d), bf), sd((b, hkv, tp, d), bf))
+
+
 @functools.partial(jax.jit, static_argnames=("scale", "compute_wgs", "block_kv", "stages", "pingpong",
                                              "approx_math", "skip_masks", "magic_convert", "interpret"))
 def hybrid_prefill_mgpu(meta, q, qq, qrow, qbias, kq, ks, vq, vsc, kvl, vvl, k, v, *, scale: float,

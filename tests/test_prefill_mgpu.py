@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import pytest
 
 from hyquant_jax.attention import MOSAIC_PREFILL
-from pallas_kernels.prefill_mgpu import hybrid_prefill_mgpu
+from pallas_kernels.prefill_mgpu import argument_shapes, hybrid_prefill_mgpu
 from tests.mgpu_interpret_cases import _cfg, _run
 from tests.test_prefill_kernel import TOL, check_output
 
@@ -44,13 +44,7 @@ def test_interpret_cases_in_own_process():
                                                  approx_math=True))])
 def test_lowers_for_cuda(d, kernel):
     """Qwen3-8B heads at 4K tokens (64 query blocks, 205 VL slots), lowered on CPU for the H200."""
-    b, hq, hkv, tp, kp = 1, 32, 8, 4096, 256
-    sd = jax.ShapeDtypeStruct
-    bf, i8, f32 = jnp.bfloat16, jnp.int8, jnp.float32
-    args = (sd((b, hkv, tp // 64, 4), jnp.int32), sd((b, hq, tp, d), bf), sd((b, hq, tp, d), i8),
-            sd((b, hq, tp), f32), sd((b, hq, tp), f32), sd((b, hkv, tp, d), i8), sd((b, hkv, tp), f32),
-            sd((b, hkv, tp, d), bf), sd((b, hkv, d), f32), sd((b, hkv, kp, d), bf), sd((b, hkv, kp, d), bf),
-            sd((b, hkv, tp, d), bf), sd((b, hkv, tp, d), bf))
+    args = argument_shapes(1, 32, 8, 4096, 256, d)
     fn = jax.jit(lambda *a: hybrid_prefill_mgpu(*a, scale=d ** -0.5, **kernel))
     assert "mosaic_gpu" in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
