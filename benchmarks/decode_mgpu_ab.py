@@ -3,11 +3,16 @@
 For kernel changes that should not change results much and must be timed against the kernel before them
 on the same machine: the low-bit kernel alone (q preparation and merge included, `default_splits`), Qwen3-8B
 heads, K4V4 channel_key, in the order previous / current / previous again for each split setting, ms per
-call in a jitted loop and the largest difference to the first output of the case (the previous kernel at the
+call in a jitted loop and the largest difference to the first output of the case (the first module at the
 first split setting) relative to its largest value.
 
   cp pallas_kernels/decode_mgpu.py /tmp/prev.py   # before the change
   PYTHONPATH=. python benchmarks/decode_mgpu_ab.py --prev /tmp/prev.py --out DIR --name NAME
+
+or several variants of the module against the current one (each a full copy of the module, e.g. built from a
+patch by `benchmarks/prepare_decode_variants.sh`), in the order current / variants... / current again:
+
+  PYTHONPATH=. python benchmarks/decode_mgpu_ab.py --variant .gpu_run/variants/a.py --variant ... --out DIR
 """
 
 from __future__ import annotations
@@ -28,8 +33,8 @@ from benchmarks.common import environment, time_in_loop  # noqa: E402
 from pallas_kernels import decode_mgpu as current  # noqa: E402
 
 
-def load_module(path: str):
-    spec = importlib.util.spec_from_file_location("decode_mgpu_prev", path)
+def load_module(path: str, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -37,7 +42,9 @@ def load_module(path: str):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--prev", required=True, help="path of the earlier decode_mgpu.py")
+    p.add_argument("--prev", help="path of the earlier decode_mgpu.py (timed first and last)")
+    p.add_argument("--variant", action="append", default=[],
+                   help="path of a variant of decode_mgpu.py, named by its file name (repeatable)")
     p.add_argument("--out", default=".")
     p.add_argument("--name", default="decode_mgpu_ab")
     p.add_argument("--cases", default="16x32768,1x131072,1x32768", help="BxS list")
@@ -45,7 +52,14 @@ def main():
     args = p.parse_args()
     from benchmarks.decode_kernel import CONFIG, make_inputs
 
-    previous = load_module(args.prev)
+    if not args.prev and not args.variant:
+        p.error("give --prev or at least one --variant")
+    modules = [("previous", load_module(args.prev, "decode_mgpu_previous"))] if args.prev else []
+    modules.append(("current", current))
+    for path in args.variant:
+        name = os.path.splitext(os.path.basename(path))[0]
+        modules.append((name, load_module(path, "decode_mgpu_" + name)))
+    modules.append((modules[0][0] + "_again", modules[0][1]))
     os.makedirs(args.out, exist_ok=True)
     rows = []
     for item in args.cases.split(","):
@@ -58,7 +72,7 @@ def main():
         ref = None
         for per_sm in (int(x) for x in args.per_sm.split(",")):
             splits = current.default_splits(c.batch, 8, c.page_count.shape[1], per_sm=per_sm)
-            for name, mod in [("previous", previous), ("current", current), ("previous_again", previous)]:
+            for name, mod in modules:
                 def fn(q, *operands, mod=mod, splits=splits):
                     o, m, l = mod.low_bit_splits(mod.kernel_query(q, 8, 1 / math.sqrt(128)), *operands,
                                                  num_splits=splits)
@@ -68,7 +82,7 @@ def main():
                 ref = got if ref is None else ref
                 row = dict(batch=batch, context=context, per_sm=per_sm, splits=splits, kernel=name,
                            ms=1e3 * time_in_loop(fn, inp.q, ops, iters, 5),
-                           max_rel_diff_vs_previous=float(np.abs(got - ref).max() / np.abs(ref).max()))
+                           max_rel_diff_vs_first=float(np.abs(got - ref).max() / np.abs(ref).max()))
                 print(json.dumps(row), flush=True)
                 rows.append(row)
         del inp, ops
