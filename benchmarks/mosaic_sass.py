@@ -7,6 +7,7 @@ and Mosaic's own dump writes the PTX and the ptxas report before the module load
 nvdisasm then give the SASS. Set up the tools once with `bash scripts/offline_cuda/setup.sh`.
 
   python benchmarks/mosaic_sass.py decode --out DIR     # pallas_kernels.decode_mgpu.low_bit_splits
+  python benchmarks/mosaic_sass.py decode --module .gpu_run/variants/NAME.py --out DIR   # a variant of it
   python benchmarks/mosaic_sass.py prefill --out DIR    # pallas_kernels.prefill_mgpu, attention.MOSAIC_PREFILL
 
 Writes KERNEL.ptx, KERNEL.ptxas.txt, KERNEL.sass and KERNEL.json (registers, spills, instructions in the
@@ -41,10 +42,13 @@ _BRANCH = re.compile(r"\bBRA\s+`\((\.L_x_\d+)\)")
 
 def sass_summary(sass: str) -> dict:
     """Instruction counts of nvdisasm output: {"instructions", "opcodes", "loop": {"start", "end",
-    "instructions", "opcodes"} of the largest loop, or None}. A loop is a backward branch before the last
-    EXIT (the out-of-line retry stubs of barrier waits sit after it and jump back into the body). Opcodes
-    drop modifiers (HFMA2.MMA -> HFMA2) and predicates."""
-    rows, labels, loops, exits = [], {}, [], []
+    "instructions", "opcodes", "skips"} of the largest loop, or None}. A loop is a backward branch before the
+    last EXIT (the out-of-line retry stubs of barrier waits sit after it and jump back into the body). Opcodes
+    drop modifiers (HFMA2.MMA -> HFMA2) and predicates. "skips" lists the loop's forward branches to a label
+    inside it, {"at", "instructions"}: how many loop instructions a taken branch jumps over (a rarely taken
+    path, e.g. the lazy max's redo, or a block only some warps run), so the path a warp runs per iteration
+    can be counted."""
+    rows, labels, loops, exits, forward = [], {}, [], [], []
     pending = []
     for line in sass.splitlines():
         if m := _LABEL.match(line.strip()):
@@ -60,16 +64,21 @@ def sass_summary(sass: str) -> dict:
         rows.append((address, opcode))
         if opcode == "EXIT":
             exits.append(address)
-        if (b := _BRANCH.search(line)) and labels.get(b.group(1), address + 1) <= address:
-            loops.append((labels[b.group(1)], address))
+        if b := _BRANCH.search(line):
+            if labels.get(b.group(1), address + 1) <= address:
+                loops.append((labels[b.group(1)], address))
+            else:
+                forward.append((address, b.group(1)))  # label not seen yet: later in the listing
     if exits:
         loops = [x for x in loops if x[1] < exits[-1]]
     loop = None
     if loops:
         start, end = max(loops, key=lambda x: x[1] - x[0])
         inside = [op for a, op in rows if start <= a <= end]
+        skips = [dict(at=hex(a), instructions=sum(1 for x, _ in rows if a < x < labels[label]))
+                 for a, label in forward if start <= a <= end and a < labels.get(label, -1) <= end]
         loop = dict(start=hex(start), end=hex(end), instructions=len(inside),
-                    opcodes=dict(collections.Counter(inside).most_common()))
+                    opcodes=dict(collections.Counter(inside).most_common()), skips=skips)
     return dict(instructions=len(rows), opcodes=dict(collections.Counter(op for _, op in rows).most_common()),
                 loop=loop)
 
@@ -83,15 +92,23 @@ def ptxas_summary(report: str) -> dict:
                 spill_load_bytes=int(spills.group(2)) if spills else None)
 
 
-def _lower(kernel: str):
-    """Lower one kernel for CUDA on this machine; returns its Mosaic GPU module (bytecode)."""
+def _lower(kernel: str, module_path: str | None = None):
+    """Lower one kernel for CUDA on this machine; returns its Mosaic GPU module (bytecode). module_path: a
+    variant of the kernel's module (decode only) to lower instead of pallas_kernels.decode_mgpu."""
     import jax
     import jax.numpy as jnp
     from jax.experimental.mosaic.gpu import core
 
     sd = jax.ShapeDtypeStruct
     if kernel == "decode":
-        from pallas_kernels import decode_mgpu as dm
+        if module_path:
+            import importlib.util
+
+            spec = importlib.util.spec_from_file_location("decode_mgpu_variant", module_path)
+            dm = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(dm)
+        else:
+            from pallas_kernels import decode_mgpu as dm
 
         b, h, pages = 1, 2, 4
         u8, bf = jnp.uint8, jnp.bfloat16
@@ -108,6 +125,8 @@ def _lower(kernel: str):
         fn = jax.jit(lambda *a: hybrid_prefill_mgpu(*a, scale=128 ** -0.5, **MOSAIC_PREFILL))
     else:
         raise ValueError(f"kernel must be 'decode' or 'prefill', got {kernel!r}")
+    if module_path and kernel != "decode":
+        raise ValueError("--module is for the decode kernel only")
     before = set(core.KNOWN_KERNELS)
     fn.trace(*args).lower(lowering_platforms=("cuda",))
     new = [v for k, v in core.KNOWN_KERNELS.items() if k not in before]
@@ -120,6 +139,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("kernel", choices=("decode", "prefill"))
     p.add_argument("--out", default=".")
+    p.add_argument("--module", help="decode only: a variant of pallas_kernels/decode_mgpu.py to compile instead "
+                                    "(e.g. from benchmarks/prepare_decode_variants.sh)")
     args = p.parse_args()
     if not os.path.exists(PLUGIN):
         sys.exit(f"{PLUGIN} is missing: run `bash scripts/offline_cuda/setup.sh` first")
@@ -134,7 +155,7 @@ def main():
     with tempfile.TemporaryDirectory() as dump:
         os.environ.update(MOSAIC_GPU_CUDA_ROOT=CUDA, MOSAIC_GPU_RUNTIME_LIB_PATH=RUNTIME, MOSAIC_GPU_DUMP_PTX="1",
                           MOSAIC_GPU_DUMP_TO=dump)
-        module = _lower(args.kernel)
+        module = _lower(args.kernel, args.module)
         compile_module = ctypes.CDLL(PLUGIN).MosaicGpuCompile
         compile_module.argtypes = [ctypes.c_char_p, ctypes.c_int]
         compile_module.restype = ctypes.c_void_p
@@ -174,6 +195,8 @@ def main():
           f"{summary['spill_load_bytes']} bytes, {summary['instructions']} instructions, largest loop "
           f"{loop.get('instructions')} ({loop.get('start')}-{loop.get('end')})")
     print("  loop opcodes:", ", ".join(f"{k} {v}" for k, v in list(loop.get("opcodes", {}).items())[:16]))
+    print("  forward branches in the loop (address: instructions skipped):",
+          ", ".join(f"{x['at']}: {x['instructions']}" for x in loop.get("skips", [])) or "none")
 
 
 if __name__ == "__main__":

@@ -35,7 +35,30 @@ def test_sass_summary_counts_the_largest_loop_before_exit():
     # loops: 0x10-0x60 (6 instructions) and 0x40-0x50; the stub's jump back from 0x90 is after EXIT
     assert s["loop"]["start"] == "0x10" and s["loop"]["end"] == "0x60" and s["loop"]["instructions"] == 6
     assert s["loop"]["opcodes"] == {"BRA": 3, "LOP3": 1, "HFMA2": 1, "HADD2": 1}
+    # the branch at 0x30 leaves the loop (to the stub after EXIT): not a skip inside it
+    assert s["loop"]["skips"] == []
     assert sass_summary("")["loop"] is None
+
+
+def test_sass_summary_lists_forward_branches_inside_the_loop():
+    sass = """
+.L_x_1:
+        /*0000*/                   ISETP.NE.AND P1, PT, R1, RZ, PT ;
+        /*0010*/               @P1 BRA `(.L_x_2) ;
+        /*0020*/                   FMNMX R2, R3, R4, !PT ;
+        /*0030*/                   SHFL.BFLY PT, R5, R2, 0x4, 0x1f ;
+        /*0040*/                   BRA `(.L_x_3) ;
+.L_x_2:
+        /*0050*/                   FADD R6, R6, R7 ;
+.L_x_3:
+        /*0060*/                   HGMMA.64x16x16.F32 R24, R36, gdesc[UR4], RZ, !UPT ;
+        /*0070*/               @P0 BRA `(.L_x_1) ;
+        /*0080*/                   EXIT ;
+"""
+    loop = sass_summary(sass)["loop"]
+    assert loop["instructions"] == 8
+    # the taken branch skips the 3-instruction redo block; the redo block's exit skips the 1-instruction keep
+    assert loop["skips"] == [dict(at="0x10", instructions=3), dict(at="0x40", instructions=1)]
 
 
 def test_ptxas_summary():
