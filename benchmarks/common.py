@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -83,3 +84,12 @@ def write_json(path: str, payload: dict) -> None:
     with open(tmp, "w") as f:
         json.dump(payload, f, indent=2)
     os.replace(tmp, path)
+
+
+def load_module(path: str, name: str):
+    """Import the Python file at `path` as a module named `name` (a modified copy of a kernel module, to time
+    or compile next to the original)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

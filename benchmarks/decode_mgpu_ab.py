@@ -18,7 +18,6 @@ patch by `benchmarks/prepare_decode_variants.sh`), in the order current / varian
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -29,15 +28,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import environment, time_in_loop  # noqa: E402
+from benchmarks.common import environment, load_module, time_in_loop  # noqa: E402
 from pallas_kernels import decode_mgpu as current  # noqa: E402
-
-
-def load_module(path: str, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def main():

@@ -94,7 +94,7 @@ def ptxas_summary(report: str) -> dict:
 
 def _lower(kernel: str, module_path: str | None = None):
     """Lower one kernel for CUDA on this machine; returns its Mosaic GPU module (bytecode). module_path: a
-    variant of the kernel's module (decode only) to lower instead of pallas_kernels.decode_mgpu."""
+    variant of pallas_kernels.decode_mgpu to lower instead (decode only; ignored for prefill)."""
     import jax
     import jax.numpy as jnp
     from jax.experimental.mosaic.gpu import core
@@ -102,11 +102,9 @@ def _lower(kernel: str, module_path: str | None = None):
     sd = jax.ShapeDtypeStruct
     if kernel == "decode":
         if module_path:
-            import importlib.util
+            from benchmarks.common import load_module
 
-            spec = importlib.util.spec_from_file_location("decode_mgpu_variant", module_path)
-            dm = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(dm)
+            dm = load_module(module_path, "decode_mgpu_variant")
         else:
             from pallas_kernels import decode_mgpu as dm
 
@@ -125,8 +123,6 @@ def _lower(kernel: str, module_path: str | None = None):
         fn = jax.jit(lambda *a: hybrid_prefill_mgpu(*a, scale=128 ** -0.5, **MOSAIC_PREFILL))
     else:
         raise ValueError(f"kernel must be 'decode' or 'prefill', got {kernel!r}")
-    if module_path and kernel != "decode":
-        raise ValueError("--module is for the decode kernel only")
     before = set(core.KNOWN_KERNELS)
     fn.trace(*args).lower(lowering_platforms=("cuda",))
     new = [v for k, v in core.KNOWN_KERNELS.items() if k not in before]
@@ -142,6 +138,8 @@ def main():
     p.add_argument("--module", help="decode only: a variant of pallas_kernels/decode_mgpu.py to compile instead "
                                     "(e.g. from benchmarks/prepare_decode_variants.sh)")
     args = p.parse_args()
+    if args.module and args.kernel != "decode":
+        p.error("--module is for the decode kernel only")
     if not os.path.exists(PLUGIN):
         sys.exit(f"{PLUGIN} is missing: run `bash scripts/offline_cuda/setup.sh` first")
     stub_dir = os.path.join(TOOLS, "lib")
