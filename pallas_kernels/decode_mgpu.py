@@ -7,8 +7,8 @@ max and denominator per split), merged by log-sum-exp like the Triton kernel's s
 
 Why this kernel exists (benchmarks/NOTES.md, "Where the decode kernel stands"): the Triton kernel spends
 ~54 warp instructions per (token, KV head), so it moves 4-bit codes at ~1 TB/s, a third of the HBM speed.
-Here the 4-bit codes become fp16 wgmma operands with one prmt per 4 codes and one lop3 and one f16x2 op per
-2 codes (keys add their f16x2 dequantizing multiply-add), and no relayout:
+Here the 4-bit codes become fp16 wgmma operands with one prmt (keys) or shift (values) per 4 codes and one
+lop3 and one f16x2 op per 2 codes (keys add their f16x2 dequantizing multiply-add), and no relayout:
 
 * tokens are the M dimension of both products (logits^T = K . q^T, out^T = V^T . P^T), so the code tiles
   are *register* A operands and never go back to shared memory;
@@ -17,7 +17,7 @@ Here the 4-bit codes become fp16 wgmma operands with one prmt per 4 codes and on
   query's channels are permuted once per call to match (`KEY_CHANNELS`); value tiles are read transposed
   by `ldmatrix.trans` from a 64-byte-swizzled slot, and the output rows come out in `VALUE_CHANNELS`
   order;
-* a byte pair becomes two fp16 values with one `prmt` (shared by both nibbles) and one `lop3`:
+* a byte pair becomes two fp16 values with one `prmt` or shift (shared by both nibbles) and one `lop3`:
   0x6400 | u is 1024 + u and 0x6400 | (u << 4) is 1024 + 16 u, exactly; one f16x2 subtract (or
   multiply-add by 1/16 and -64) leaves u, exact; keys then take one f16x2 multiply-add u * scale + zero
   (rounded to fp16, as the Triton kernel's keys are);
@@ -184,7 +184,8 @@ def _value_tile(ctx, codes):
     codes: uint8 [64 tokens, 64 bytes] in shared memory with the 64-byte swizzle (the 16-byte chunk c of row
     t sits at chunk c ^ ((t // 2) % 4)). `ldmatrix.trans` on 8 x 8 tiles of 16-bit pairs gives thread
     (warp w, lane 4g + j) bytes 16w + 2g and 16w + 2g + 1 of tokens 8c + 2j and 8c + 2j + 1 for each column
-    tile c: one prmt per byte column spreads them into the two f16 halves. Row 64R + 16w + 8h + g of the
+    tile c. The code masks read only the low bytes of the two f16 halves, so byte column 0 is used as loaded
+    and byte column 1 after one shift right by 8 (no prmt). Row 64R + 16w + 8h + g of the
     tile is channel VALUE_CHANNELS[row] = 64R + 16w + 2g + h (R: nibble, h: byte of the pair).
     """
     del ctx
@@ -203,29 +204,36 @@ def _value_tile(ctx, codes):
             "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {$0, $1, $2, $3}, [$4];", addr,
             result_types=[i32] * 4)
         for k, word in enumerate(tiles):
-            for h, sel in enumerate((0x4240, 0x4341)):
-                spread = mgpu_utils.prmt(word, arith.constant(i32, 0), arith.constant(i32, sel))
+            for h in range(2):
+                spread = word if h == 0 else arith.shrui(word, c(8))  # bytes h, h + 2: both tokens' byte h
                 for nibble in range(2):
                     regs[nibble, 4 * quad + k, 0, 0, h, 0, 0, 0, 0] = _f16x2(_codes(spread, high=bool(nibble)))
     return mgpu.FragmentedArray(_registers=regs, _layout=layout, _is_signed=None)
 
 
-def _mark_page(ctx, marks, flags):
-    """Threads holding a nonzero mark (page + 1) store it into flags[page % 2]; marks: i32 [64, 16] in the
-    WGMMA layout, 0 or page + 1; flags: i32 [2] in shared memory. Two words alternate so that the next page's
+def _mark_page(ctx, above, mark, flags):
+    """If any element of `above` exceeds LAZY_MAX_SLACK, store `mark` (page + 1) into flags[page % 2].
+
+    above: f32 [64, 16] in the WGMMA layout, the logits minus the running max (the exp2 argument of p);
+    mark: i32 [64, 16] in the WGMMA layout, page + 1 everywhere; flags: i32 [2] in shared memory. The
+    comparisons are or-ed as predicates (no per-element select). Two words alternate so that the next page's
     marks never overwrite a word before every thread has read it (reads follow the commit's barrier)."""
     del ctx
     i32 = ir.IntegerType.get_signless(32)
-    mark = None
-    for reg in marks.registers.flat:
+    slack = arith.constant(ir.F32Type.get(), LAZY_MAX_SLACK)
+    over = None
+    for a in above.registers.flat:
         for n in range(2):
-            x = vector.extract(reg, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([n]))
-            mark = x if mark is None else arith.ori(mark, x)
+            x = arith.cmpf(arith.CmpFPredicate.OGT, vector.extract(
+                a, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([n])), slack)
+            over = x if over is None else arith.ori(over, x)
+    value = vector.extract(mark.registers.flat[0], dynamic_position=[],
+                           static_position=ir.DenseI64ArrayAttr.get([0]))
     base = llvm.ptrtoint(i32, mgpu_utils.memref_ptr(flags))
     mgpu_utils.inline_ptx(
-        "{ .reg .pred p; .reg .b32 a; setp.ne.u32 p, $0, 0; and.b32 a, $0, 1; xor.b32 a, a, 1; "
-        "shl.b32 a, a, 2; add.u32 a, a, $1; @p st.shared.u32 [a], $0; }",
-        mark, base, has_side_effects=True)
+        "{ .reg .pred p; .reg .b32 a; setp.ne.u32 p, $0, 0; and.b32 a, $1, 1; xor.b32 a, a, 1; "
+        "shl.b32 a, a, 2; add.u32 a, a, $2; @p st.shared.u32 [a], $1; }",
+        arith.extui(i32, over), value, base, has_side_effects=True)
 
 
 def _clear_flags(ctx, flags):
@@ -281,7 +289,7 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
     value_tile = plgpu.inline_mgpu(
         arg_types=(plgpu.RefType(transforms=_swizzled(jnp.uint8, BYTES)),),
         return_type=plgpu.ShapeDtypeStruct((HEAD_DIM, PAGE), jnp.float16, layout=wg))(_value_tile)
-    mark_page = plgpu.inline_mgpu(arg_types=(wg, plgpu.RefType()))(_mark_page)
+    mark_page = plgpu.inline_mgpu(arg_types=(wg, wg, plgpu.RefType()))(_mark_page)
     # ordered before the first page's marks by the key staging barrier of that page
     plgpu.inline_mgpu(arg_types=(plgpu.RefType(),))(_clear_flags)(flag_s)
     per_token = functools.partial(lax.broadcast_in_dim, shape=(PAGE, ROWS), broadcast_dimensions=[0])
@@ -316,9 +324,11 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
             # holding a larger logit marks the page in `flag_s`; all threads read the mark after the commit's
             # barrier (a uniform branch) and a marked page is redone with the exact maximum (the first page of
             # a split always is).
-            p = jnp.exp2(s - per_row(m))
+            above = s - per_row(m)  # base-2 log of p: the page is marked where it exceeds the slack
+            p = jnp.exp2(above)
             p_s[...] = (p * per_token(v_scale)).astype(jnp.float16)
-            mark_page(jnp.where(s > per_row(m + LAZY_MAX_SLACK), page + 1, 0), flag_s)
+            mark = plgpu.layout_cast(jnp.full((PAGE, ROWS), page + 1, jnp.int32), wg)
+            mark_page(above, mark, flag_s)
         with jax.named_scope("commit"):
             plgpu.commit_smem()  # P visible to the tensor cores; every thread is done reading the slot
 
@@ -339,7 +349,12 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
 
         @pl.when(page + stages < stop)
         def _refill():
-            issue(page + stages, slot)
+            # One warp issues the slot's copies; the other three skip their address arithmetic.
+            @plgpu.warp_map
+            def _(warp):
+                @pl.when(warp == 0)
+                def _():
+                    issue(page + stages, slot)
 
         def pv(acc_ref):
             plgpu.wgmma(acc_ref, values, p_s)
