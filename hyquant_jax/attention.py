@@ -79,8 +79,16 @@ def decode_step(q, k, v, cache: HybridKVCache, config: HyQuantConfig, backend: s
     Returns (out [B, Hq, D], new cache).
     """
     cache = append(cache, k, v, config, active=active, flush=flush)
-    out, lse = decode_attention(q, cache, config, backend=backend, scale=scale)
-    cache = accumulate_ring_scores(cache, q, lse, config, scale=scale)
+    backend = resolve_backend(backend)
+    if backend == "reference" or config.flush_vl_count == 0:
+        out, lse = decode_attention(q, cache, config, backend=backend, scale=scale)
+        ring_logits = None
+    else:  # the kernel's ring split writes its logits: no second pass over the ring in XLA
+        from hyquant_jax import decode_kernel
+
+        out, lse, ring_logits = decode_kernel.decode_attention(q, cache, config, interpret=backend == "interpret",
+                                                               scale=scale, ring_logits=True)
+    cache = accumulate_ring_scores(cache, q, lse, config, scale=scale, ring_logits=ring_logits)
     return out, cache
 
 

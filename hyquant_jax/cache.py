@@ -551,22 +551,32 @@ def _flush_oldest_block(cache: HybridKVCache, flush, config: HyQuantConfig) -> H
 
 @partial(jax.jit, static_argnames=("config", "scale"))
 def accumulate_ring_scores(
-    cache: HybridKVCache, q: jax.Array, lse: jax.Array, config: HyQuantConfig, scale: float | None = None
+    cache: HybridKVCache, q: jax.Array, lse: jax.Array, config: HyQuantConfig, scale: float | None = None,
+    ring_logits: jax.Array | None = None,
 ) -> HybridKVCache:
     """Add this decode step's attention mass on each ring slot to `ring_score`.
 
     q: [B, H_q, D] the step's queries; lse: float32 [B, H_q] log-sum-exp of
     the step's full attention logits (from decode attention). The mass of a
     slot is exp(q.k * scale - lse), summed over the query heads of its KV head.
-    A no-op when flushed tokens are never promoted.
+    ring_logits: float32 [B, H_q, R], q.k * scale of every ring slot when the
+    decode kernel already computed them (`decode_kernel.decode_attention(...,
+    ring_logits=True)`); else they are computed here. A no-op when flushed
+    tokens are never promoted.
     """
     if config.flush_vl_count == 0:
         return cache
     b, hq, d = q.shape
     h = cache.num_kv_heads
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    qg = q.astype(jnp.float32).reshape(b, h, hq // h, d)
-    logits = jnp.einsum("bhgd,bhrd->bhgr", qg, cache.ring_k.astype(jnp.float32)) * scale
+    if ring_logits is not None:
+        if ring_logits.shape != (b, hq, cache.ring_k.shape[2]):
+            raise ValueError(f"ring_logits must be [B, H_q, R] = {(b, hq, cache.ring_k.shape[2])}, "
+                             f"got {ring_logits.shape}")
+        logits = ring_logits.astype(jnp.float32).reshape(b, h, hq // h, -1)
+    else:
+        scale = 1.0 / math.sqrt(d) if scale is None else scale
+        qg = q.astype(jnp.float32).reshape(b, h, hq // h, d)
+        logits = jnp.einsum("bhgd,bhrd->bhgr", qg, cache.ring_k.astype(jnp.float32)) * scale
     lse_g = lse.reshape(b, h, hq // h, 1)
     mass = jnp.where(jnp.isfinite(lse_g), jnp.exp(logits - lse_g), 0.0).sum(axis=2)
     mass = jnp.where(ring_valid(cache)[:, None, :], mass, 0.0)

@@ -134,11 +134,13 @@ def use_mosaic_low_bit(cache: HybridKVCache, config: HyQuantConfig, q_heads: int
 
 
 def decode_layout(cache: HybridKVCache, config: HyQuantConfig, q_heads: int,
-                  tuning: DecodeTuning = DecodeTuning(), low_bit_elsewhere: bool = False) -> DecodeLayout:
+                  tuning: DecodeTuning = DecodeTuning(), low_bit_elsewhere: bool = False,
+                  ring_logits: bool = False) -> DecodeLayout:
     """Static kernel layout for this cache shape, config and tuning.
 
     low_bit_elsewhere: the Mosaic kernel scans the low-bit pages (n_low = 0); the Triton kernel's splits then
-    cover the VL tokens (about 512 per split, up to half the fill) and the ring."""
+    cover the VL tokens (about 512 per split, up to half the fill) and the ring. ring_logits: the kernel also
+    writes the ring's logits (`decode_attention(..., ring_logits=True)`)."""
     b, h, d = cache.batch, cache.num_kv_heads, cache.head_dim
     group = q_heads // h
     key_mode, value_mode = _modes(config)
@@ -177,15 +179,18 @@ def decode_layout(cache: HybridKVCache, config: HyQuantConfig, q_heads: int,
         key_bits=config.key_bits, value_bits=config.value_bits, key_mode=key_mode, value_mode=value_mode,
         key_group=channel_group, value_group=channel_group, block=config.block_size, pages_per_tile=ppt,
         n_low=n_low, n_vl=n_vl, vl_tile=vl_tile, ring_tile=_largest_pow2_divisor(ring_size, 64),
-        ring_size=ring_size, convert=tuning.convert, transposed=tuning.transposed,
+        ring_size=ring_size, convert=tuning.convert, transposed=tuning.transposed, ring_logits=ring_logits,
     )
 
 
 def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, interpret: bool = False,
-                     scale: float | None = None, tuning: DecodeTuning = DecodeTuning()):
+                     scale: float | None = None, tuning: DecodeTuning = DecodeTuning(), ring_logits: bool = False):
     """Hybrid decode attention through the Pallas kernel.
 
-    q: [B, Hq, D]. Returns (out [B, Hq, D] in q.dtype, lse float32 [B, Hq]).
+    q: [B, Hq, D]. Returns (out [B, Hq, D] in q.dtype, lse float32 [B, Hq]); with ring_logits also the
+    scaled logits of every window-ring slot, float32 [B, Hq, ring_size] (-inf for empty slots), as the
+    kernel computed them (bf16 q and keys, float32 sums): `accumulate_ring_scores` takes them instead of
+    recomputing q . ring_k in XLA.
     """
     b, hq, d = q.shape
     if b != cache.batch or d != cache.head_dim or hq % cache.num_kv_heads:
@@ -195,7 +200,7 @@ def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, interpret: 
         )
     check_cache(cache, config)
     mosaic = use_mosaic_low_bit(cache, config, hq, tuning, interpret)
-    lay = decode_layout(cache, config, hq, tuning, low_bit_elsewhere=mosaic)
+    lay = decode_layout(cache, config, hq, tuning, low_bit_elsewhere=mosaic, ring_logits=ring_logits)
     num_warps, num_stages = tuning.launch(lay, b)
     mosaic_launch = None
     if mosaic:
@@ -227,7 +232,7 @@ def _run(q, cache: HybridKVCache, lay: DecodeLayout, scale, num_warps, num_stage
     qg = jnp.pad(qg, ((0, 0), (0, 0), (0, lay.rows - lay.group), (0, 0))).astype(jnp.bfloat16)
     low = None if mosaic_launch is None else _mosaic_low_bit(q, cache, scale, *mosaic_launch)
     unused = jnp.zeros((1,), jnp.bfloat16)
-    o, m, l = hybrid_decode_splits(
+    o, m, l, *ring = hybrid_decode_splits(
         qg, cache.k_codes,
         unused if cache.k_scale is None else cache.k_scale,
         unused if cache.k_zero is None else cache.k_zero,
@@ -241,4 +246,6 @@ def _run(q, cache: HybridKVCache, lay: DecodeLayout, scale, num_warps, num_stage
     if low is not None:
         o, m, l = (jnp.concatenate([x, y], axis=2) for x, y in zip(low, (o, m, l)))
     out, lse = merge_splits(o, m, l, lay.group)
+    if lay.ring_logits:
+        return out.astype(q.dtype), lse, ring[0][:, :, :lay.group].reshape(b, hq, lay.ring_size)
     return out.astype(q.dtype), lse

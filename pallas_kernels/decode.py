@@ -81,6 +81,7 @@ class DecodeLayout:
     ring_size: int
     convert: str  # "asm", "magic" or "cast" (see _Codes)
     transposed: bool = False  # see _Orient
+    ring_logits: bool = False  # also write the ring split's logits (for the ring scores, see hybrid_decode_splits)
 
     @property
     def num_splits(self) -> int:
@@ -207,7 +208,7 @@ def _store_split(o_ref, m_ref, l_ref, b, h, split, accs, m, l, lay: DecodeLayout
 def _kernel(
     num_pages_ref, page_count_ref, num_vl_ref, ring_start_ref, ring_len_ref,
     q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, vlk_ref, vlv_ref, rk_ref, rv_ref,
-    o_ref, m_ref, l_ref, *, lay: DecodeLayout, interpret: bool,
+    o_ref, m_ref, l_ref, *ring_logits_ref, lay: DecodeLayout, interpret: bool,
 ):
     bh, split = pl.program_id(0), pl.program_id(1)
     b, h = bh // lay.kv_heads, bh % lay.kv_heads
@@ -222,9 +223,10 @@ def _kernel(
         _low_bit_split(num_pages_ref, page_count_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref,
                        o_ref, m_ref, l_ref, b, h, split, m0, l0, lay, interpret)
 
-    def full_precision(k_ref, v_ref, count_fn, tile, num_tiles_fn, first_fn, split_out):
+    def full_precision(k_ref, v_ref, count_fn, tile, num_tiles_fn, first_fn, split_out, logits_ref=None):
         q = q_ref[b, h, :, :].astype(jnp.bfloat16)
         acc0 = jnp.zeros((rows, d), jnp.float32)
+        row_ok = lax.broadcasted_iota(jnp.int32, (rows,), 0) < lay.group
 
         def body(i, carry):
             m, l, acc = carry
@@ -233,6 +235,8 @@ def _kernel(
             valid = count_fn(idx)
             k = k_ref[b, h, pl.ds(start, tile), :].astype(jnp.bfloat16)
             s = jnp.where(valid[None, :], _dot_t(q, k), -jnp.inf)
+            if logits_ref is not None:
+                plgpu.store(logits_ref.at[b, h, :, pl.ds(start, tile)], s, mask=row_ok[:, None])
             p, m, alpha, l = _softmax_update(s, m, l)
             v = v_ref[b, h, pl.ds(start, tile), :].astype(jnp.bfloat16)
             acc = alpha[:, None] * acc + _dot(p.astype(jnp.bfloat16), v)
@@ -255,7 +259,8 @@ def _kernel(
     def _ring():
         start, length = ring_start_ref[b], ring_len_ref[b]
         full_precision(rk_ref, rv_ref, lambda idx: (idx - start + lay.ring_size) % lay.ring_size < length,
-                       lay.ring_tile, lambda: lay.ring_size // lay.ring_tile, lambda: 0, split)
+                       lay.ring_tile, lambda: lay.ring_size // lay.ring_tile, lambda: 0, split,
+                       *ring_logits_ref)
 
 
 def _round_up(x, m):
@@ -418,7 +423,9 @@ def _low_bit_split(num_pages_ref, page_count_ref, q_ref, kc_ref, ks_ref, kz_ref,
 def hybrid_decode_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_count, num_pages,
                          vl_k, vl_v, num_vl, ring_k, ring_v, ring_start, ring_len, *,
                          lay: DecodeLayout, num_warps: int = 4, num_stages: int = 2, interpret: bool = False):
-    """Run the kernel; returns per-split (o [B,H,NS,rows,D] f32, m, l [B,H,NS,rows] f32).
+    """Run the kernel; returns per-split (o [B,H,NS,rows,D] f32, m, l [B,H,NS,rows] f32), and with
+    `lay.ring_logits` also the ring split's logits f32 [B, H, rows, ring_size] (q . k of every ring slot,
+    -inf where the slot holds no token; rows past `lay.group` are not written).
 
     q: bf16 [B, H, rows, D] queries already multiplied by the softmax scale,
     zero rows past `lay.group` (bf16 so the row sums used by the offset terms
@@ -431,7 +438,7 @@ def hybrid_decode_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, 
         jax.ShapeDtypeStruct((b, h, ns, rows, d), jnp.float32),
         jax.ShapeDtypeStruct((b, h, ns, rows), jnp.float32),
         jax.ShapeDtypeStruct((b, h, ns, rows), jnp.float32),
-    ]
+    ] + ([jax.ShapeDtypeStruct((b, h, rows, lay.ring_size), jnp.float32)] if lay.ring_logits else [])
     return pl.pallas_call(
         functools.partial(_kernel, lay=lay, interpret=interpret),
         grid=(b * h, ns),

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import hyquant_jax as hq
+from hyquant_jax.cache import ring_valid
 from hyquant_jax.decode_kernel import DecodeTuning, decode_attention as kernel_decode
 
 
@@ -164,6 +165,8 @@ def test_interpret_short_and_empty_sequences():
     assert np.all(np.isfinite(np.asarray(out)))
     np.testing.assert_allclose(np.asarray(out)[:2], np.asarray(ref)[:2], rtol=2e-2, atol=2e-2)
     assert np.all(np.asarray(out)[2] == 0) and np.all(np.isneginf(np.asarray(lse)[2]))
+    _, _, ring_logits = kernel_decode(qd, cache, config, interpret=True, ring_logits=True)
+    assert np.all(np.isneginf(np.asarray(ring_logits)[2])) and np.isfinite(np.asarray(ring_logits)[0]).any()
 
 
 def test_backend_dispatch_interpret():
@@ -174,6 +177,50 @@ def test_backend_dispatch_interpret():
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=2e-2, atol=2e-2)
     with pytest.raises(ValueError, match="backend"):
         hq.decode_attention(qd, cache, config, backend="cuda")
+
+
+def _check_ring_logits(qd, cache, config, interpret, tuning=DecodeTuning()):
+    """ring_logits=True: the same output and lse as without, and q . k * scale of every ring slot (-inf where
+    the slot is empty, padded GQA rows not returned) within the bf16 rounding of q * scale and the keys."""
+    out, lse, logits = kernel_decode(qd, cache, config, interpret=interpret, tuning=tuning, ring_logits=True)
+    plain_out, plain_lse = kernel_decode(qd, cache, config, interpret=interpret, tuning=tuning)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(plain_out))
+    np.testing.assert_array_equal(np.asarray(lse), np.asarray(plain_lse))
+    b, q_heads, d = qd.shape
+    h, r = cache.num_kv_heads, cache.ring_k.shape[2]
+    assert logits.shape == (b, q_heads, r) and logits.dtype == jnp.float32
+    q64 = np.asarray(qd.astype(jnp.float32), np.float64).reshape(b, h, q_heads // h, d)
+    k64 = np.asarray(cache.ring_k.astype(jnp.float32), np.float64)
+    want = np.einsum("bhgd,bhrd->bhgr", q64, k64).reshape(b, q_heads, r) / np.sqrt(d)
+    valid = np.broadcast_to(np.asarray(ring_valid(cache))[:, None, :], (b, q_heads, r))  # slots of each sequence
+    assert valid.any() and not valid.all()
+    got = np.asarray(logits, np.float64)
+    assert np.all(np.isneginf(got[~valid]))
+    np.testing.assert_allclose(got[valid], want[valid], rtol=0, atol=2e-2 * np.abs(want[valid]).max())
+
+
+def test_interpret_ring_logits_match_float_logits():
+    """Rings partly filled after flushes; a GQA group of 3 (13 padded rows)."""
+    config = hq.HyQuantConfig(**SMALL)
+    qd, cache = _cache(jax.random.PRNGKey(6), 3, 6, 2, 64, [150, 70, 0], config, appends=13, max_len=200)
+    _check_ring_logits(qd, cache, config, interpret=True)
+
+
+def test_interpret_decode_step_ring_scores_match_reference():
+    """decode_step on the kernel backend takes the ring scores from the kernel's logits: same ring scores as
+    the reference backend's float32 recomputation, within the bf16 rounding of the logits."""
+    config = hq.HyQuantConfig(**SMALL)
+    qd, cache = _cache(jax.random.PRNGKey(7), 2, 4, 2, 64, [130, 45], config, appends=5, max_len=200)
+    k, v = jax.random.normal(jax.random.PRNGKey(8), (2, 2, 2, 64))
+    out_k, cache_k = hq.decode_step(qd, k, v, cache, config, backend="interpret")
+    out_r, cache_r = hq.decode_step(qd, k, v, cache, config, backend="reference")
+    np.testing.assert_allclose(np.asarray(out_k), np.asarray(out_r), rtol=2e-2, atol=2e-2)
+    before = np.asarray(cache.ring_score)
+    got, want = np.asarray(cache_k.ring_score) - before, np.asarray(cache_r.ring_score) - before
+    assert np.abs(want).max() > 0.1  # this step's mass
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=1e-6)  # measured: 0.64% at most
+    with pytest.raises(ValueError, match="ring_logits"):
+        hq.accumulate_ring_scores(cache, qd, jnp.zeros((2, 4)), config, ring_logits=jnp.zeros((2, 4, 5)))
 
 
 def test_unsupported_group_size_is_a_clear_error():
@@ -237,3 +284,11 @@ def test_gpu_tunings(tuning):
     config = hq.HyQuantConfig()
     qd, cache = _cache(jax.random.PRNGKey(8), 2, 32, 8, 128, [4097, 999], config, dtype=jnp.bfloat16)
     _check(qd, cache, config, interpret=False, tuning=tuning)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tuning", [DecodeTuning(low_bit="triton"), DecodeTuning(low_bit="mosaic")])
+def test_gpu_ring_logits(tuning):
+    config = hq.HyQuantConfig()
+    qd, cache = _cache(jax.random.PRNGKey(9), 2, 32, 8, 128, [4097, 999], config, appends=37, dtype=jnp.bfloat16)
+    _check_ring_logits(qd, cache, config, interpret=False, tuning=tuning)
