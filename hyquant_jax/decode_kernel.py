@@ -63,14 +63,13 @@ class DecodeTuning:
     mosaic_blocks_per_sm: int = 2
     mosaic_stages: int = 2
 
-    def launch(self, lay: DecodeLayout, batch: int) -> tuple[int, int]:
-        """(num_warps, num_stages): measured best on the H200 (benchmarks/results/decode_sweep_subtiles_h200.log):
-        2 warps / 2 stages while the splits are set by filling the GPU (small batch: more resident
-        blocks), else 4 warps / 3 stages (deeper prefetch per block)."""
-        small = batch * lay.kv_heads * lay.n_low <= 4 * self.sm_count
-        warps = self.num_warps or (2 if small else 4)
-        stages = self.num_stages or (2 if small else 3)
-        return warps, stages
+    def launch(self) -> tuple[int, int]:
+        """(num_warps, num_stages) of the Triton launch: 4 warps / 3 stages unless set. Measured best on the
+        H200 at every case timed (benchmarks/results/decode_vl_ring_launch_h200.json, session 23: B1 1K-128K
+        4-15% faster than 2 warps / 2 stages, the earlier small-batch default; decode_vl_ring_launch_b16_h200.json:
+        B16 32K 5% faster; 4 / 3 was already the best at B16 32K for the Triton-only kernel,
+        decode_sweep_subtiles_h200.log)."""
+        return self.num_warps or 4, self.num_stages or 3
 
 
 def _pow2_floor(x: int) -> int:
@@ -201,7 +200,7 @@ def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, interpret: 
     check_cache(cache, config)
     mosaic = use_mosaic_low_bit(cache, config, hq, tuning, interpret)
     lay = decode_layout(cache, config, hq, tuning, low_bit_elsewhere=mosaic, ring_logits=ring_logits)
-    num_warps, num_stages = tuning.launch(lay, b)
+    num_warps, num_stages = tuning.launch()
     mosaic_launch = None
     if mosaic:
         from pallas_kernels.decode_mgpu import default_splits

@@ -131,15 +131,15 @@ def test_ptx_unpack_matches_interpret_values(bits, half):
         np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("batch,capacity_tokens,n_low,launch", [
-    (1, 32768, 64, (2, 2)),    # small batch: splits fill the GPU (4 blocks per SM)
-    (16, 32768, 8, (4, 3)),    # large batch: splits of at most 4K tokens
-    (64, 32768, 8, (4, 3)),
-    (1, 131072, 64, (2, 2)),
-    (64, 2048, 1, (2, 2)),     # short cache: one split, 512 blocks still fit in one wave
+@pytest.mark.parametrize("batch,capacity_tokens,n_low", [
+    (1, 32768, 64),    # small batch: splits fill the GPU (4 blocks per SM)
+    (16, 32768, 8),    # large batch: splits of at most 4K tokens
+    (64, 32768, 8),
+    (1, 131072, 64),
+    (64, 2048, 1),     # short cache: one split, 512 blocks still fit in one wave
 ])
-def test_split_heuristic(batch, capacity_tokens, n_low, launch):
-    """Splits per KV head and launch parameters chosen from the H200 sweeps (Qwen3-8B heads, 132 SMs)."""
+def test_split_heuristic(batch, capacity_tokens, n_low):
+    """Splits per KV head chosen from the H200 sweeps (Qwen3-8B heads, 132 SMs)."""
     from hyquant_jax.decode_kernel import MAX_SPLIT_TOKENS, decode_layout
 
     config = hq.HyQuantConfig()
@@ -151,9 +151,15 @@ def test_split_heuristic(batch, capacity_tokens, n_low, launch):
     assert cache.page_count.shape[1] >= pages
     lay = decode_layout(cache, config, 32)
     assert lay.n_low == n_low
-    assert DecodeTuning().launch(lay, batch) == launch
     if batch * 8 * n_low > 4 * 132:  # past the fill regime every split covers at most MAX_SPLIT_TOKENS
         assert cache.page_count.shape[1] * config.block_size / lay.n_low <= MAX_SPLIT_TOKENS
+
+
+def test_launch_defaults_and_overrides():
+    """4 warps / 3 stages unless the tuning sets them (the H200's best at B1 1K-128K and B16 32K)."""
+    assert DecodeTuning().launch() == (4, 3)
+    assert DecodeTuning(num_warps=2).launch() == (2, 3)
+    assert DecodeTuning(num_warps=8, num_stages=2).launch() == (8, 2)
 
 
 def test_interpret_short_and_empty_sequences():
