@@ -34,27 +34,36 @@ def sm_count(default: int = 132) -> int:
     return int(getattr(jax.devices()[0], "core_count", 0) or default)
 
 
-def jitted_loop(fn, iters: int):
+def add_output(q, out):
+    """The next iteration's query: q plus a tiny multiple of the output (same shape as q)."""
+    return q + (1e-6 * out.astype(jnp.float32)).astype(q.dtype)
+
+
+def add_output_sum(q, out):
+    """The next iteration's query when the output's shape differs from q's: q plus a tiny multiple of its sum."""
+    return q + (1e-6 * jnp.sum(out.astype(jnp.float32))).astype(q.dtype)
+
+
+def jitted_loop(fn, iters: int, feedback=add_output):
     """jit(loop(q, operands)): `iters` calls of fn(q, *operands) in a fori_loop.
 
-    Each iteration's query depends on the previous output, so XLA can neither
-    hoist nor overlap the calls.
+    Each iteration's query is feedback(q, output), so it depends on the previous
+    output and XLA can neither hoist nor overlap the calls.
     """
 
     @jax.jit
     def loop(q, operands):
         def body(_, q):
-            out = fn(q, *operands)
-            return q + (1e-6 * out.astype(jnp.float32)).astype(q.dtype)
+            return feedback(q, fn(q, *operands))
 
         return lax.fori_loop(0, iters, body, q)
 
     return loop
 
 
-def time_in_loop(fn, q, operands, iters: int, reps: int = 5) -> float:
+def time_in_loop(fn, q, operands, iters: int, reps: int = 5, feedback=add_output) -> float:
     """Median seconds per call of fn(q, *operands) inside `jitted_loop` (dispatch gaps are excluded)."""
-    loop = jitted_loop(fn, iters)
+    loop = jitted_loop(fn, iters, feedback)
     loop(q, operands).block_until_ready()
     times = []
     for _ in range(reps):

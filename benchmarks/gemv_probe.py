@@ -21,7 +21,6 @@ import functools
 import json
 import os
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +31,7 @@ from jax.experimental.pallas import triton as plgpu
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import environment, write_json  # noqa: E402
+from benchmarks.common import add_output_sum, environment, time_in_loop, write_json  # noqa: E402
 
 SHAPES = {"q_o": (4096, 4096), "k_v": (4096, 1024), "gate_up": (4096, 12288), "down": (12288, 4096)}
 TILES = ((64, 32), (64, 64), (64, 128), (128, 32), (128, 64), (256, 32))  # (block_n, block_k)
@@ -82,30 +81,6 @@ def split_choices(k: int, n: int, block_n: int, block_k: int, targets=(264, 528)
     return sorted(chosen)
 
 
-def timed_loop(fn, iters: int):
-    """jit(loop(x, w)): iters calls of fn; each call's x depends on the previous result's sum."""
-
-    @jax.jit
-    def loop(x, w):
-        def body(_, x):
-            return x + (1e-6 * jnp.sum(fn(x, w).astype(jnp.float32))).astype(x.dtype)
-
-        return lax.fori_loop(0, iters, body, x)
-
-    return loop
-
-
-def seconds_per_call(fn, x, w, iters: int, reps: int = 5) -> float:
-    loop = timed_loop(fn, iters)
-    loop(x, w).block_until_ready()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        loop(x, w).block_until_ready()
-        times.append((time.perf_counter() - t0) / iters)
-    return float(np.median(times))
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=".")
@@ -123,7 +98,7 @@ def main():
         w = (jax.random.normal(kw, (k, n), jnp.float32) / k ** 0.5).astype(jnp.bfloat16)
         expect = np.asarray(x, np.float32) @ np.asarray(w, np.float32)
         xla = lambda x, w: x @ w  # noqa: E731
-        seconds = seconds_per_call(xla, x, w, args.iters)
+        seconds = time_in_loop(xla, x, (w,), args.iters, feedback=add_output_sum)
         base = dict(shape=name, k=k, n=n, weight_bytes=w.nbytes)
         row = dict(base, kernel="xla", us=1e6 * seconds, tb_per_s=w.nbytes / seconds / 1e12)
         print(json.dumps(row), flush=True)
@@ -138,7 +113,7 @@ def main():
                                       num_stages=stages)
                         try:
                             got = np.asarray(jax.jit(fn)(x, w), np.float32)
-                            seconds = seconds_per_call(fn, x, w, args.iters)
+                            seconds = time_in_loop(fn, x, (w,), args.iters, feedback=add_output_sum)
                         except Exception as e:  # a tiling that does not lower is recorded, not fatal
                             row = dict(base, kernel="pallas", **tiling, error=f"{type(e).__name__}: {e}"[:300])
                         else:
