@@ -1,0 +1,29 @@
+"""The HLO-text helpers of benchmarks/decode_hlo_copies.py."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+
+from benchmarks.decode_hlo_copies import computation, copies, while_bodies
+
+
+def test_copies_parses_shape_operand_and_op():
+    line = ('  %copy.7 = s32[1]{0} copy(%get-tuple-element.5095), '
+            'metadata={op_name="jit(decode)/while/body/add" stack_frame_id=3}')
+    assert copies(line + "\n  %add.1 = s32[] add(%a, %b)") == [
+        dict(name="%copy.7", shape="s32[1]{0}", operand="%get-tuple-element.5095", op="jit(decode)/while/body/add")]
+
+
+def test_while_bodies_and_computation_on_a_compiled_loop():
+    def f(x):
+        return lax.while_loop(lambda c: c[0] < 5, lambda c: (c[0] + 1, c[1] * 2.0), (0, x))[1]
+
+    hlo = jax.jit(f).lower(jnp.ones(4)).compile().as_text()
+    bodies = while_bodies(hlo)
+    assert bodies
+    for name in bodies:
+        text = computation(hlo, name)
+        assert text.split()[0] == name and "multiply" in text
+    with pytest.raises(ValueError, match="no computation"):
+        computation(hlo, "%not_there")
