@@ -58,17 +58,21 @@ def prefill_backend(backend: str, head_dim: int, config: HyQuantConfig, device=N
 
 
 def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, backend: str = "auto",
-                     scale: float | None = None):
+                     scale: float | None = None, ring_logits: bool = False):
     """One decode step's attention over a `HybridKVCache`.
 
-    q: [B, Hq, D]. Returns (out [B, Hq, D] in q.dtype, lse float32 [B, Hq]).
+    q: [B, Hq, D]. Returns (out [B, Hq, D] in q.dtype, lse float32 [B, Hq]); with ring_logits a third value:
+    the scaled logits of every window-ring slot, float32 [B, Hq, ring_size], from the kernel backends (their
+    ring split computes them anyway), None from the reference backend.
     """
     backend = resolve_backend(backend)
     if backend == "reference":
-        return reference.hybrid_decode_attention_reference(q, cache, config, scale=scale)
+        out, lse = reference.hybrid_decode_attention_reference(q, cache, config, scale=scale)
+        return (out, lse, None) if ring_logits else (out, lse)
     from hyquant_jax import decode_kernel  # imported lazily: only kernel backends need Pallas
 
-    return decode_kernel.decode_attention(q, cache, config, interpret=backend == "interpret", scale=scale)
+    return decode_kernel.decode_attention(q, cache, config, interpret=backend == "interpret", scale=scale,
+                                          ring_logits=ring_logits)
 
 
 def decode_step(q, k, v, cache: HybridKVCache, config: HyQuantConfig, backend: str = "auto",
@@ -79,16 +83,12 @@ def decode_step(q, k, v, cache: HybridKVCache, config: HyQuantConfig, backend: s
     Returns (out [B, Hq, D], new cache).
     """
     cache = append(cache, k, v, config, active=active, flush=flush)
-    backend = resolve_backend(backend)
-    if backend == "reference" or config.flush_vl_count == 0:
-        out, lse = decode_attention(q, cache, config, backend=backend, scale=scale)
-        ring_logits = None
-    else:  # the kernel's ring split writes its logits: no second pass over the ring in XLA
-        from hyquant_jax import decode_kernel
-
-        out, lse, ring_logits = decode_kernel.decode_attention(q, cache, config, interpret=backend == "interpret",
-                                                               scale=scale, ring_logits=True)
-    cache = accumulate_ring_scores(cache, q, lse, config, scale=scale, ring_logits=ring_logits)
+    # Ring scores are kept only when flushed tokens can be promoted; the kernels then hand over their ring
+    # logits, so XLA makes no second pass over the ring.
+    out, lse, *ring_logits = decode_attention(q, cache, config, backend=backend, scale=scale,
+                                              ring_logits=config.flush_vl_count > 0)
+    cache = accumulate_ring_scores(cache, q, lse, config, scale=scale,
+                                   ring_logits=ring_logits[0] if ring_logits else None)
     return out, cache
 
 
