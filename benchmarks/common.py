@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import importlib.util
 import json
 import os
@@ -44,14 +45,15 @@ def add_output_sum(q, out):
     return q + (1e-6 * jnp.sum(out.astype(jnp.float32))).astype(q.dtype)
 
 
-def jitted_loop(fn, iters: int, feedback=add_output):
+def jitted_loop(fn, iters: int, feedback=add_output, compiler_options: dict | None = None):
     """jit(loop(q, operands)): `iters` calls of fn(q, *operands) in a fori_loop.
 
     Each iteration's query is feedback(q, output), so it depends on the previous
-    output and XLA can neither hoist nor overlap the calls.
+    output and XLA can neither hoist nor overlap the calls. compiler_options: XLA options of the loop's jit
+    (e.g. {"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}).
     """
 
-    @jax.jit
+    @functools.partial(jax.jit, compiler_options=compiler_options)
     def loop(q, operands):
         def body(_, q):
             return feedback(q, fn(q, *operands))
@@ -61,9 +63,10 @@ def jitted_loop(fn, iters: int, feedback=add_output):
     return loop
 
 
-def time_in_loop(fn, q, operands, iters: int, reps: int = 5, feedback=add_output) -> float:
+def time_in_loop(fn, q, operands, iters: int, reps: int = 5, feedback=add_output,
+                 compiler_options: dict | None = None) -> float:
     """Median seconds per call of fn(q, *operands) inside `jitted_loop` (dispatch gaps are excluded)."""
-    loop = jitted_loop(fn, iters, feedback)
+    loop = jitted_loop(fn, iters, feedback, compiler_options)
     loop(q, operands).block_until_ready()
     times = []
     for _ in range(reps):

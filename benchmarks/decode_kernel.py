@@ -352,6 +352,37 @@ def plot(rows, path):
     fig.savefig(path, dpi=120)
 
 
+SCHEDULE_OPTION = "xla_gpu_command_buffer_scheduling_mode"
+
+
+def compare_schedules(cases, modes, reps, log) -> list:
+    """Time the hybrid decode (default tuning) and the bf16 baselines under each XLA command-buffer scheduling
+    mode (LHS: XLA's default, the thunks' order; CONCURRENT: CUDA-graph nodes ordered only by data
+    dependencies, so independent kernels such as the Mosaic low-bit kernel and the Triton VL/ring launch may
+    overlap), one process, same inputs."""
+    out = []
+    for name, b, hq_, hkv, d, s in cases:
+        inp = make_inputs(b, hq_, hkv, d, s, CONFIG)
+        iters = loop_iters(s, b)
+        bf16_ops = (inp.q, (inp.k, inp.v))
+        fns = {"hybrid": (hybrid_fn(CONFIG, DecodeTuning(sm_count=sm_count())), inp.q, (inp.cache,)),
+               "cudnn": (cudnn_attention, *bf16_ops), "xla": (xla_attention, *bf16_ops),
+               "pallas": (pallas_attention, *bf16_ops)}
+        row = {"case": name}
+        for mode in modes:
+            opts = {SCHEDULE_OPTION: mode}
+            for method, (fn, q, ops) in fns.items():
+                try:
+                    row.setdefault(method, {})[mode] = 1e3 * time_in_loop(fn, q, ops, iters, reps,
+                                                                          compiler_options=opts)
+                except Exception as e:  # noqa: BLE001 (a baseline that cannot run is reported)
+                    row.setdefault(method, {})[mode] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        log(f"  schedules {name}: {row}")
+        out.append(row)
+        del inp
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="benchmarks/results", help="directory for the JSON and the plot")
@@ -364,6 +395,9 @@ def main(argv=None):
     p.add_argument("--compare-tunings", default="", metavar="SPEC",
                    help="only time these kernel tunings on the selected cases, e.g. 'warps=1,pages=1;warps=2;' "
                         "(keys warps, stages, pages, n_low, n_vl, convert; an empty item is the default)")
+    p.add_argument("--compare-schedules", default="", metavar="MODES",
+                   help="only time the default hybrid and the bf16 baselines under these XLA command-buffer "
+                        "scheduling modes, e.g. 'LHS,CONCURRENT' (xla_gpu_command_buffer_scheduling_mode)")
     p.add_argument("--smoke", action="store_true", help="tiny case only (CPU check of the script)")
     p.add_argument("--graph-compare", action="store_true",
                    help="re-run B1 1K/4K/32K in a subprocess with XLA command buffers (CUDA graphs) disabled")
@@ -382,6 +416,11 @@ def main(argv=None):
         except ValueError as e:
             p.error(str(e))
         result["tuning_compare"] = compare_tunings(selected, tunings, args.reps, log)
+        write_json(os.path.join(args.out, args.name + ".json"), result)
+        return
+    if args.compare_schedules:
+        modes = [m.strip() for m in args.compare_schedules.split(",") if m.strip()]
+        result["schedule_compare"] = compare_schedules(selected, modes, args.reps, log)
         write_json(os.path.join(args.out, args.name + ".json"), result)
         return
     tunings = {}
