@@ -17,10 +17,9 @@ import jax
 
 from hyquant_jax import reference
 from hyquant_jax.cache import HybridKVCache, accumulate_ring_scores, append
-from hyquant_jax.config import HyQuantConfig
+from hyquant_jax.config import BACKENDS, HyQuantConfig
 from hyquant_jax.vti import tail_queries, tail_query_count, vertical_token_identification
 
-BACKENDS = ("auto", "reference", "pallas", "mosaic", "interpret")
 # The fastest Mosaic GPU prefill setting measured (`benchmarks/results/prefill_mgpu_next_h200_run2.json`,
 # method hybrid_int8_mgpu_2wg_fast_pp): two 64-row compute warpgroups per CTA taking turns at the tensor
 # cores, 128-key steps, approximate exp2, INT8 dots converted by an add and a subtract.
@@ -82,7 +81,7 @@ def decode_step(q, k, v, cache: HybridKVCache, config: HyQuantConfig, backend: s
     flush=False: the window rings were already given room (`flush_full_rings`, see `append`).
     Returns (out [B, Hq, D], new cache).
     """
-    cache = append(cache, k, v, config, active=active, flush=flush)
+    cache = append(cache, k, v, config, active=active, flush=flush, backend=backend)
     # Ring scores are kept only when flushed tokens can be promoted; the kernels then hand over their ring
     # logits, so XLA makes no second pass over the ring.
     out, lse, *ring_logits = decode_attention(q, cache, config, backend=backend, scale=scale,

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hyquant_jax import quant
-from hyquant_jax.config import HyQuantConfig, num_vl_tokens
+from hyquant_jax.config import BACKENDS, HyQuantConfig, num_vl_tokens
 from hyquant_jax.reorder import stable_partition
 from hyquant_jax.vti import vertical_token_identification
 
@@ -407,6 +407,7 @@ def append(
     config: HyQuantConfig,
     active: jax.Array | None = None,
     flush: bool = True,
+    backend: str = "auto",
 ) -> HybridKVCache:
     """Add one decoded token per sequence.
 
@@ -417,7 +418,11 @@ def append(
     quantized. flush=False: the caller has already made room with
     `flush_full_rings` (no active ring is full), so the flush is not even
     considered. Called outside jit, it checks capacity on the host first.
+    backend: as `decode_attention`'s; the kernel backends ("auto" on a GPU, "pallas", "mosaic",
+    "interpret") write the ring's three rows with one Pallas launch (`pallas_kernels.cache_write`),
+    "reference" with jnp. Both give the same cache bit for bit.
     """
+    ring_writer = _ring_writer(backend, cache)
     want = (cache.batch, cache.num_kv_heads, cache.head_dim)
     if k.shape != want or v.shape != want:
         raise ValueError(f"append: k and v must be [B, H_kv, D]={want}, got {k.shape} and {v.shape}")
@@ -430,7 +435,22 @@ def append(
         if not flush and _concrete(active) and bool(np.any(np.asarray(_full_rings(cache, active, config)))):
             raise ValueError("append(flush=False): a sequence's window ring is full; call flush_full_rings first")
     check_cache(cache, config)
-    return _append(cache, k, v, active, config, flush)
+    return _append(cache, k, v, active, config, flush, ring_writer)
+
+
+def _ring_writer(backend: str, cache: HybridKVCache) -> str:
+    """How `append` writes the ring rows: "kernel", "interpret" or "jnp"."""
+    if backend not in BACKENDS:
+        raise ValueError(f"append: backend must be one of {BACKENDS}, got {backend!r}")
+    from pallas_kernels.cache_write import fits
+
+    if backend == "reference" or not fits((cache.ring_k,)):
+        return "jnp"
+    if backend == "interpret":
+        return "interpret"
+    if backend == "auto" and jax.default_backend() != "gpu":
+        return "jnp"
+    return "kernel"
 
 
 def _full_rings(cache: HybridKVCache, active, config: HyQuantConfig):
@@ -456,15 +476,23 @@ def flush_full_rings(caches: tuple[HybridKVCache, ...], config: HyQuantConfig, a
     )
 
 
-@partial(jax.jit, static_argnames=("config", "flush"))
-def _append(cache: HybridKVCache, k, v, active, config: HyQuantConfig, flush: bool = True) -> HybridKVCache:
+@partial(jax.jit, static_argnames=("config", "flush", "ring_writer"))
+def _append(cache: HybridKVCache, k, v, active, config: HyQuantConfig, flush: bool = True,
+            ring_writer: str = "jnp") -> HybridKVCache:
     if flush:  # most steps flush nothing: skip the block quantization and its ~40 small kernels then
         (cache,) = flush_full_rings((cache,), config, active)
     ring = config.ring_size
     slot = (cache.ring_start + cache.ring_len) % ring
-    ring_k = _write_rows(cache.ring_k, slot, k[:, :, None].astype(cache.dtype), active)
-    ring_v = _write_rows(cache.ring_v, slot, v[:, :, None].astype(cache.dtype), active)
-    ring_score = _write_rows(cache.ring_score[..., None], slot, jnp.zeros(k.shape[:2] + (1, 1)), active)[..., 0]
+    if ring_writer == "jnp":
+        ring_k = _write_rows(cache.ring_k, slot, k[:, :, None].astype(cache.dtype), active)
+        ring_v = _write_rows(cache.ring_v, slot, v[:, :, None].astype(cache.dtype), active)
+        ring_score = _write_rows(cache.ring_score[..., None], slot, jnp.zeros(k.shape[:2] + (1, 1)), active)[..., 0]
+    else:
+        from pallas_kernels.cache_write import write_rows
+
+        ring_k, ring_v, ring_score = write_rows(
+            (cache.ring_k, cache.ring_v, cache.ring_score), (k, v, jnp.zeros(k.shape[:2], jnp.float32)), slot,
+            active, interpret=ring_writer == "interpret")
     step = active.astype(jnp.int32)
     return dataclasses.replace(
         cache, ring_k=ring_k, ring_v=ring_v, ring_score=ring_score,

@@ -15,6 +15,8 @@ import jax.numpy as jnp
 BITS = (2, 4, 8, 16)
 SCHEMES = ("token_sym", "token_asym", "channel_key")
 PREFILL_QK_FORMATS = ("int8", "fp8", "bf16")
+# Attention backends (`hyquant_jax.attention`); `cache.append` takes the same names for its ring writes.
+BACKENDS = ("auto", "reference", "pallas", "mosaic", "interpret")
 _POW2_BLOCKS = (16, 32, 64, 128, 256)
 # rho is used as the nearest fraction with at most this denominator, so that
 # ceil(P * rho) is computed exactly in int32 arithmetic (a float ceil gives 100 * 0.07 = 7.000000000000001 -> 8).

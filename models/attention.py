@@ -200,6 +200,17 @@ def write_token(buf: jax.Array, x: jax.Array, positions: jax.Array) -> jax.Array
     return jax.vmap(one)(buf, x, positions)
 
 
+def write_tokens(bufs: tuple, xs: tuple, positions: jax.Array) -> tuple:
+    """`write_token` for several buffers at the same slots: one Pallas launch on a GPU
+    (`pallas_kernels.cache_write`, the kernel the hybrid cache's ring writes use: XLA makes one or more
+    kernels per buffer of the vmapped update), the vmapped updates elsewhere. Same result bit for bit."""
+    from pallas_kernels.cache_write import fits, write_rows
+
+    if jax.default_backend() == "gpu" and fits(bufs):
+        return write_rows(bufs, xs, positions)
+    return tuple(write_token(b, x, positions) for b, x in zip(bufs, xs))
+
+
 # --------------------------------------------------------------------------- bf16
 
 
@@ -220,7 +231,7 @@ class BF16Attention:
     """Exact attention over a preallocated full-precision cache (the fast baseline).
 
     Prefill writes each chunk into the cache with one `dynamic_update_slice`;
-    decode writes one token per sequence (a scatter) and attends over all S
+    decode writes one token per sequence (`write_tokens`) and attends over all S
     slots with keys masked to positions <= the step's position. Under
     `jax.jit` with the states donated, both updates happen in place: a decode
     step reads the cache once and writes only the new token.
@@ -274,7 +285,7 @@ class BF16Attention:
     def decode(self, layer, q, k, v, state: KVBuffer, ctx: DecodeContext):
         s = state.k.shape[2]
         pos = jnp.minimum(ctx.positions, s - 1)
-        state = KVBuffer(write_token(state.k, k, pos), write_token(state.v, v, pos))
+        state = KVBuffer(*write_tokens((state.k, state.v), (k, v), pos))
         mask = (jnp.arange(s)[None, :] <= pos[:, None])[:, None, None, None, :]
         out = grouped_attention(q[:, :, None], state.k, state.v, mask, f32_probs=self._f32())
         return out[:, :, 0], state
