@@ -10,7 +10,7 @@ rm -rf .gpu_run/overlay
 mkdir -p .gpu_run/overlay
 for path in $(sed -n 's|^+++ b/||p' "$patch_file"); do
   mkdir -p ".gpu_run/overlay/$(dirname "$path")"
-  cp "$path" ".gpu_run/overlay/$path"
+  if [ -e "$path" ]; then cp "$path" ".gpu_run/overlay/$path"; fi  # a file the patch creates has no copy yet
 done
 patch -s -p1 -d .gpu_run/overlay < "$patch_file"
 find .gpu_run/overlay -type f | sort
