@@ -4,7 +4,9 @@ The B=1 step profile (`results/profile_e2e_h200_s23_b1.json`) shows ~118 small d
 hyquant step (~3.3 per layer, ~1 us each) that the bf16 step does not have. This script compiles the jitted
 decode loop of `hyquant_jax.generate` for a few-layer model of Qwen3-8B's attention shapes (small vocabulary
 and MLP: they do not change the attention's state) and lists every `copy` in the optimized HLO of the while
-body, with its shape and the JAX op it came from, for bf16 and for hyquant. Compiling only; nothing is timed.
+body, with its shape and the JAX op it came from, for bf16 and for hyquant, and every instruction of the body
+that launches work (`launches`: fusions, custom calls, copies...), to put JAX ops to the kernel names of a
+step profile. Compiling only; nothing is timed.
 
   PYTHONPATH=. python benchmarks/decode_hlo_copies.py --out DIR [--layers 2] [--prefix 1024]
 
@@ -64,6 +66,29 @@ def copies(text: str) -> list[dict]:
     return out
 
 
+LAUNCH = re.compile(r"^\s*(?:ROOT )?(%[\w.\-]+) = (.+?) (fusion|custom-call|copy|conditional|scatter|gather|"
+                    r"dynamic-update-slice)\(")
+FUSION_KIND = re.compile(r"kind=(\w+)")
+TARGET = re.compile(r'custom_call_target="([^"]*)"')
+
+
+def launches(text: str) -> list[dict]:
+    """The top-level instructions of an HLO computation that become GPU launches or copies (fusions, custom
+    calls, copies, conditionals and unfused scatters, gathers, dynamic-update-slices): name, opcode, fusion
+    kind or custom-call target, and the JAX op it came from. The names match the profiler's kernel names with
+    '.' as '_' (e.g. %loop_pad_fusion.35 is loop_pad_fusion_35)."""
+    out = []
+    for line in text.splitlines():
+        m = LAUNCH.match(line)
+        if not m:
+            continue
+        kind = FUSION_KIND.search(line) if m.group(3) == "fusion" else TARGET.search(line)
+        op = OP_NAME.search(line)
+        out.append(dict(name=m.group(1), opcode=m.group(3), kind=kind.group(1) if kind else "",
+                        op=op.group(1) if op else ""))
+    return out
+
+
 def decode_hlo(kind: str, layers: int, prefix: int, backend: str) -> str:
     """Optimized HLO text of the jitted decode loop for a Qwen3-8B-attention-shaped model, B=1."""
     config = ModelConfig(architecture="qwen3", vocab_size=1024, hidden_size=4096, intermediate_size=1024,
@@ -93,6 +118,7 @@ def main():
     args = p.parse_args()
     if args.layers < 1 or args.prefix < 1:
         p.error("--layers and --prefix must be >= 1")
+    os.makedirs(args.out, exist_ok=True)
     backend = args.backend
     if backend == "auto" and jax.devices()[0].platform != "gpu":
         backend = "interpret"
@@ -103,7 +129,8 @@ def main():
         with open(os.path.join(args.out, f"{args.name}_{kind}.hlo.txt"), "w") as f:
             f.write(hlo)
         bodies = {name: copies(computation(hlo, name)) for name in while_bodies(hlo)}
-        result["methods"][kind] = dict(while_bodies=bodies, total=sum(len(c) for c in bodies.values()))
+        result["methods"][kind] = dict(while_bodies=bodies, total=sum(len(c) for c in bodies.values()),
+                                       launches={name: launches(computation(hlo, name)) for name in bodies})
         for name, found in bodies.items():
             print(f"{kind} {name}: {len(found)} copies")
             for c in found:

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import pytest
 from jax import lax
 
-from benchmarks.decode_hlo_copies import computation, copies, while_bodies
+from benchmarks.decode_hlo_copies import computation, copies, launches, while_bodies
 
 
 def test_copies_parses_shape_operand_and_op():
@@ -27,3 +27,20 @@ def test_while_bodies_and_computation_on_a_compiled_loop():
         assert text.split()[0] == name and "multiply" in text
     with pytest.raises(ValueError, match="no computation"):
         computation(hlo, "%not_there")
+
+
+def test_launches_lists_fusions_custom_calls_and_copies():
+    text = "\n".join([
+        '  %loop_pad_fusion.35 = bf16[1,8,16,128]{3,2,1,0} fusion(%p.1), kind=kLoop, calls=%fused_pad, '
+        'metadata={op_name="jit(decode)/while/body/pad"}',
+        '  %custom-call.7 = (f32[1,8,3,16,128]{4,3,2,1,0}) custom-call(%a, %b), '
+        'custom_call_target="__gpu$xla.gpu.triton", metadata={op_name="jit(decode)/while/body/pallas_call"}',
+        '  %copy.2 = s32[1]{0} copy(%x)',
+        '  %add.1 = s32[] add(%a, %b)',
+        '  ROOT %tuple.9 = (s32[]) tuple(%add.1)'])
+    assert launches(text) == [
+        dict(name="%loop_pad_fusion.35", opcode="fusion", kind="kLoop", op="jit(decode)/while/body/pad"),
+        dict(name="%custom-call.7", opcode="custom-call", kind="__gpu$xla.gpu.triton",
+             op="jit(decode)/while/body/pallas_call"),
+        dict(name="%copy.2", opcode="copy", kind="", op=""),
+    ]
