@@ -17,21 +17,13 @@ import jax
 
 from hyquant_jax import reference
 from hyquant_jax.cache import HybridKVCache, accumulate_ring_scores, append
-from hyquant_jax.config import BACKENDS, HyQuantConfig
+from hyquant_jax.config import BACKENDS, HyQuantConfig, resolve_backend  # noqa: F401 (re-exported)
 from hyquant_jax.vti import tail_queries, tail_query_count, vertical_token_identification
 
 # The fastest Mosaic GPU prefill setting measured (`benchmarks/results/prefill_mgpu_next_h200_run2.json`,
 # method hybrid_int8_mgpu_2wg_fast_pp): two 64-row compute warpgroups per CTA taking turns at the tensor
 # cores, 128-key steps, approximate exp2, INT8 dots converted by an add and a subtract.
 MOSAIC_PREFILL = dict(compute_wgs=2, block_kv=128, pingpong=True, approx_math=True, magic_convert=True)
-
-
-def resolve_backend(backend: str) -> str:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "auto":
-        return "pallas" if jax.default_backend() == "gpu" else "reference"
-    return backend
 
 
 def is_hopper(device) -> bool:

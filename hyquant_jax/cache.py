@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hyquant_jax import quant
-from hyquant_jax.config import BACKENDS, HyQuantConfig, num_vl_tokens
+from hyquant_jax.config import BACKENDS, HyQuantConfig, num_vl_tokens, resolve_backend
 from hyquant_jax.reorder import stable_partition
 from hyquant_jax.vti import vertical_token_identification
 
@@ -444,13 +444,10 @@ def _ring_writer(backend: str, cache: HybridKVCache) -> str:
         raise ValueError(f"append: backend must be one of {BACKENDS}, got {backend!r}")
     from pallas_kernels.cache_write import fits
 
+    backend = resolve_backend(backend)
     if backend == "reference" or not fits((cache.ring_k,)):
         return "jnp"
-    if backend == "interpret":
-        return "interpret"
-    if backend == "auto" and jax.default_backend() != "gpu":
-        return "jnp"
-    return "kernel"
+    return "interpret" if backend == "interpret" else "kernel"
 
 
 def _full_rings(cache: HybridKVCache, active, config: HyQuantConfig):

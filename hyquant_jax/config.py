@@ -10,13 +10,12 @@ import dataclasses
 import math
 from fractions import Fraction
 
+import jax
 import jax.numpy as jnp
 
 BITS = (2, 4, 8, 16)
 SCHEMES = ("token_sym", "token_asym", "channel_key")
 PREFILL_QK_FORMATS = ("int8", "fp8", "bf16")
-# Attention backends (`hyquant_jax.attention`); `cache.append` takes the same names for its ring writes.
-BACKENDS = ("auto", "reference", "pallas", "mosaic", "interpret")
 _POW2_BLOCKS = (16, 32, 64, 128, 256)
 # rho is used as the nearest fraction with at most this denominator, so that
 # ceil(P * rho) is computed exactly in int32 arithmetic (a float ceil gives 100 * 0.07 = 7.000000000000001 -> 8).
@@ -159,3 +158,16 @@ def num_vl_tokens(prefix_len, rho: Fraction):
     # ceil(p * num / den) without overflow: split p into multiples of den and a remainder.
     k = (p // den) * num + ((p % den) * num + den - 1) // den
     return jnp.where(p > 0, jnp.minimum(p, jnp.maximum(1, k)), 0)
+
+
+# Attention backends (`hyquant_jax.attention`); `cache.append` takes the same names for its ring writes.
+BACKENDS = ("auto", "reference", "pallas", "mosaic", "interpret")
+
+
+def resolve_backend(backend: str) -> str:
+    """"auto" -> "pallas" on a GPU, "reference" elsewhere; other names of BACKENDS as they are."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        return "pallas" if jax.default_backend() == "gpu" else "reference"
+    return backend
