@@ -4,7 +4,8 @@
 # b1 section at 1K and 32K (bf16 and hyquant in each run, so each run has its own ratio), then the GPU tests
 # selected by TESTS (a pytest -k expression over TEST_FILES, default tests/test_decode_kernel.py) with the
 # overlay in place. DECODE_CASES (decode_kernel.py --cases) also times the whole decode, default tuning, for
-# main and overlay (decode_kernel_ab_{main,overlay}.json), the overlay's after its tests.
+# main and overlay (decode_kernel_ab_{main,overlay}.json), the overlay's after its tests. The timing runs' logs
+# go into one overlay_ab.log: a device call returns at most 8 files.
 #   TESTS="gpu_ring_logits" bash benchmarks/gpu_overlay_ab.sh
 set -u
 OUT=${OUT:-/tmp/out}
@@ -14,7 +15,8 @@ decode_ab() {
     if [ -n "${DECODE_CASES:-}" ]; then
         timeout ${DECODE_LIMIT:-120} python3 benchmarks/decode_kernel.py --out "$OUT" --name decode_kernel_ab_$1 \
             --cases "$DECODE_CASES" --compare-tunings ";" > "$OUT/decode_kernel_ab_$1.log" 2>&1
-        echo "decode $1 rc=$?"; grep "loop_ms" "$OUT/decode_kernel_ab_$1.log" | cut -c1-160
+        echo "decode $1 rc=$?"; grep -o "'loop_ms': [0-9.]*" "$OUT/decode_kernel_ab_$1.log"
+        cat "$OUT/decode_kernel_ab_$1.log" >> "$OUT/overlay_ab.log"; rm "$OUT/decode_kernel_ab_$1.log"
     fi
 }
 decode_ab main
@@ -32,4 +34,5 @@ for which in main overlay; do
         --methods bf16,hyquant --prefixes ${PREFIXES:-1024,32768} --steps 32 --reps 3 --no-plot \
         > "$OUT/e2e_h200_b1_$which.log" 2>&1
     echo "$which rc=$?"; grep -A6 "^B=1" "$OUT/e2e_h200_b1_$which.log" | head -8
+    cat "$OUT/e2e_h200_b1_$which.log" >> "$OUT/overlay_ab.log"; rm "$OUT/e2e_h200_b1_$which.log"
 done
