@@ -71,3 +71,23 @@ def test_prefill_table_reports_the_mosaic_kernel_when_the_run_has_it():
     assert "`mosaic`/cuDNN" in lines[2] and "MSE uniform / `mosaic`" in lines[2]
     assert lines[4] == ("| 16384 | 5.500 | n/a | 5.000 | 4.000 | n/a | 4.200 | 4.400 | 5.200 | 1.10x | 1.30x | "
                         "5.0% | 40x |")
+
+
+def test_read_bandwidth_reads_whole_arrays_of_the_asked_size():
+    """Each form's array is the asked size (to within one row of 8192 / 4096 values) and its product reads
+    all of it; `best` is the largest rate; an unknown form is refused by name."""
+    import numpy as np
+
+    from benchmarks.read_bandwidth import FORMS, _gemv, _operands, _rows, read_bandwidth
+
+    nbytes = 1 << 20
+    probe = read_bandwidth(nbytes, iters=1, reps=1)
+    assert set(probe["tb_s"]) == set(FORMS) and probe["best"] == max(probe["tb_s"].values()) > 0
+    assert all(nbytes - 2 * 8192 < b <= nbytes for b in probe["bytes"].values())
+    for form, fn in (("rows", _rows), ("gemv", _gemv)):
+        q, x = _operands(form, 1 << 16)
+        xf, qf = np.asarray(x, np.float64), np.asarray(q, np.float64)
+        want = (xf * qf[0, 0]).sum(axis=1) if form == "rows" else qf @ xf
+        np.testing.assert_allclose(np.asarray(fn(q, x), np.float64), want, rtol=2e-2, atol=1e-3)
+    with pytest.raises(ValueError, match="forms"):
+        read_bandwidth(nbytes, forms=("copy",))
