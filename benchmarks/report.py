@@ -23,6 +23,7 @@ def _load(results, name):
 
 def decode_table(d) -> str:
     env = d["env"]
+    probe = d["read_bandwidth"]["best"] if "read_bandwidth" in d else None  # the old scalar-sum probe is left out
     lines = [
         f"Decode attention, one layer, per call inside a jitted loop (ms); {env['device']}, jax {env['jax']}, "
         f"{env['date'][:10]}, `{env['command']}`; hybrid = K{d['config']['key_bits']}V{d['config']['value_bits']} "
@@ -30,9 +31,12 @@ def decode_table(d) -> str:
         "",
         "| case | hybrid | low-bit kernel | hybrid, Triton only | cuDNN bf16 | Pallas gqa bf16 | XLA bf16 | "
         "KIVI-4 (dequant+attend) | hybrid vs best bf16 | Triton only vs best bf16 | hybrid TB/s | "
-        "hybrid bytes / bf16 bytes |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "hybrid bytes / bf16 bytes |" + (" hybrid / read probe |" if probe else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if probe else ""),
     ]
+    if probe:
+        lines[0] += (f" Read probe (`benchmarks/read_bandwidth.py`, same process): {probe:.2f} TB/s; hybrid / read "
+                     f"probe = the hybrid's TB/s (bytes it must read / time) over the probe's.")
     for r in d["cases"]:
         def ms(m):
             return f"{r[m]['loop_ms']:.4f}" if "loop_ms" in r.get(m, {}) else "n/a"
@@ -46,7 +50,8 @@ def decode_table(d) -> str:
             f"| {r['case']} | {ms('hybrid')} | {r.get('low_bit_kernel', 'triton')} | {ms('hybrid_triton')} | "
             f"{ms('cudnn')} | {ms('pallas')} | {ms('xla')} | {ms('kivi4')} | {ratio('hybrid')} | "
             f"{ratio('hybrid_triton')} | {h.get('tb_per_s', float('nan')):.2f} | "
-            f"{r['bytes']['hybrid'] / r['bytes']['bf16']:.3f} |")
+            f"{r['bytes']['hybrid'] / r['bytes']['bf16']:.3f} |"
+            + (f" {100 * h.get('tb_per_s', float('nan')) / probe:.0f}% |" if probe else ""))
     for r in d["cases"]:  # other key schemes, timed in the same run (one case)
         best = min(r[m]["loop_ms"] for m in ("cudnn", "xla", "pallas") if "loop_ms" in r[m])
         for key in sorted(k for k in r if k.startswith("hybrid_") and k != "hybrid_triton" and isinstance(r[k], dict)

@@ -91,3 +91,16 @@ def test_read_bandwidth_reads_whole_arrays_of_the_asked_size():
         np.testing.assert_allclose(np.asarray(fn(q, x), np.float64), want, rtol=2e-2, atol=1e-3)
     with pytest.raises(ValueError, match="forms"):
         read_bandwidth(nbytes, forms=("copy",))
+
+
+def test_decode_table_reports_the_hybrid_against_the_read_probe():
+    from benchmarks.report import decode_table
+
+    case = {"case": "c", "hybrid": {"loop_ms": 0.25, "tb_per_s": 2.6, "speedup_vs_best_bf16": 2.0},
+            "cudnn": {"loop_ms": 0.5}, "pallas": {}, "xla": {}, "kivi4": {}, "bytes": {"hybrid": 1, "bf16": 4}}
+    run = {"env": {"device": "d", "jax": "j", "date": "2026-12-01", "command": "x"},
+           "config": {"key_bits": 4, "value_bits": 4, "scheme": "channel_key", "rho": 0.05, "window": 128},
+           "cases": [case]}
+    assert decode_table(run).splitlines()[-1].endswith("| 0.250 |")  # the old JSONs: no probe column
+    run["read_bandwidth"] = {"best": 4.0}
+    assert decode_table(run).splitlines()[-1].endswith("| 0.250 | 65% |")
