@@ -104,3 +104,27 @@ def test_decode_table_reports_the_hybrid_against_the_read_probe():
     assert decode_table(run).splitlines()[-1].endswith("| 0.250 |")  # the old JSONs: no probe column
     run["read_bandwidth"] = {"best": 4.0}
     assert decode_table(run).splitlines()[-1].endswith("| 0.250 | 65% |")
+
+
+def test_bf16_slots_probe_attends_like_the_bf16_decode():
+    """The probe's attention is the bf16 baseline's decode attention: slots past the position are ignored, and
+    with the step's token already in its slot it equals `BF16Attention.decode` (which writes it first)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from benchmarks.bf16_slots_probe import attention_step
+    from models.attention import BF16Attention, DecodeContext, KVBuffer
+
+    kq, kk, kv, kn = jax.random.split(jax.random.PRNGKey(0), 4)
+    k = jax.random.normal(kk, (1, 2, 512, 64), jnp.float32)
+    v = jax.random.normal(kv, (1, 2, 512, 64), jnp.float32)
+    q = jax.random.normal(kq, (1, 4, 64), jnp.float32)
+    pos = jnp.array([300], jnp.int32)
+    out = attention_step(q, k, v, pos)
+    noise = jax.random.normal(kn, (1, 2, 211, 64), jnp.float32)
+    out_noisy = attention_step(q, k.at[:, :, 301:].set(noise), v.at[:, :, 301:].set(noise), pos)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(out_noisy))
+    ctx = DecodeContext(positions=pos, active=jnp.array([True]))
+    ref, _ = BF16Attention(f32_probs=False).decode(0, q, k[:, :, 300], v[:, :, 300], KVBuffer(k, v), ctx)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-6, atol=1e-6)
