@@ -46,6 +46,7 @@ def test_generate_on_a_tiny_gguf(tiny_gguf, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "=== hyquant" in text and "=== bf16" in text and "identical to the bf16 run" in text
     assert "tokens/s" in text and "KV cache at the end" in text
+    assert text.count("x smaller") == 1  # the hyquant run's ratio; the bf16 run prints no ratio to itself
     result = json.loads(out.read_text())
     assert 0.0 <= result["agreement_with_bf16"] <= 1.0
     assert len(result["runs"]["hyquant"]["tokens"]) == 2
