@@ -1,13 +1,14 @@
 """Does the bf16 baseline's decode attention depend on the cache's slot count? (issue 5: a fast bf16 baseline)
 
 The bf16 decode step attends over all S slots of its cache (`models.attention.grouped_attention`, keys masked
-to positions <= the step's); S = `cache_slots(max_len)`, max_len rounded up to SLOT_ALIGN (256). At a 128K
-prefix the whole-model bf16 step took 16.2 ms with S = 131328 (= 256 x 513; `e2e.py --steps 32`) and 10.3 ms
-with S = 131584 (= 512 x 257; `--steps 64`), while hyquant took 8.0-8.2 ms either way, and at 1K / 32K the
-same two choices of --steps changed nothing (`results/e2e_h200_b1_slots_s25_steps{32,64}.json`). This script
-times the attention alone (one layer: B=1, Qwen3-8B heads 32 / 8, head_dim 128, the query at position
-S - 200) at each slot count, in one process inside a jitted loop, to find the rule (which multiples of which
-power of two are slow) before `cache_slots` is changed.
+to positions <= the step's); S = `cache_slots(max_len)`, max_len rounded up to SLOT_ALIGN. With SLOT_ALIGN
+256, the whole-model bf16 step at a 128K prefix took 16.2 ms with S = 131328 (= 256 x 513; `e2e.py --steps
+32`) and 10.3 ms with S = 131584 (= 512 x 257; `--steps 64`), while hyquant took 8.0-8.2 ms either way, and
+at 1K / 32K the same two choices of --steps changed nothing (`results/e2e_h200_b1_slots_s25_steps{32,64}.json`).
+SLOT_ALIGN is now 512, which puts every e2e configuration on a slot count measured fast. This script times the
+attention alone (one layer: B=1, Qwen3-8B heads 32 / 8, head_dim 128, the query at position S - 200) at each
+slot count, in one process inside a jitted loop, to find the actual rule (which sizes are slow, and whether
+512 avoids all of them).
 
   python benchmarks/bf16_slots_probe.py --out $OUT [--slots 131072,131328,...]
 """

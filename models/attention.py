@@ -172,7 +172,7 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, impl: str = "xla"
     return grouped_attention(q, k, v, mask, f32_probs=f32_probs)
 
 
-SLOT_ALIGN = 256
+SLOT_ALIGN = 512
 
 
 def cache_slots(max_len: int) -> int:
@@ -182,6 +182,11 @@ def cache_slots(max_len: int) -> int:
     operand whose slot count is not tile-aligned, i.e. copies the whole V
     cache every decode step (measured: 41 us per layer at 32K, B=1); aligned
     slots cost a little memory and no copy. Slots past max_len stay masked.
+    512 rather than 256: on the H200 the bf16 decode step at a 128K prefix took
+    16.2 ms with 131328 slots (256 x 513) and 10.3 ms with 131584 (512 x 257),
+    while 1280 / 1536 and 33024 / 33280 slots timed the same
+    (benchmarks/results/e2e_h200_b1_128k_s25_bf16.json, e2e_h200_s23_decode_bf16.json,
+    e2e_h200_b1_slots_s25_steps{32,64}.json; the cause inside XLA is not known).
     """
     return -(-max_len // SLOT_ALIGN) * SLOT_ALIGN
 
