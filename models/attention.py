@@ -186,7 +186,8 @@ def cache_slots(max_len: int) -> int:
     16.2 ms with 131328 slots (256 x 513) and 10.3 ms with 131584 (512 x 257),
     while 1280 / 1536 and 33024 / 33280 slots timed the same
     (benchmarks/results/e2e_h200_b1_128k_s25_bf16.json, e2e_h200_s23_decode_bf16.json,
-    e2e_h200_b1_slots_s25_steps{32,64}.json; the cause inside XLA is not known).
+    e2e_h200_b1_slots_s25_steps{32,64}.json). The attention alone is ~2x slower at every odd
+    multiple of 256 from 64K up and at no multiple of 512 measured (bf16_slots_probe_h200.json).
     """
     return -(-max_len // SLOT_ALIGN) * SLOT_ALIGN
 
