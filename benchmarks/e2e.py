@@ -15,7 +15,9 @@ method and an out-of-memory error ends only that method's sweep):
   prefill  time of `hyquant_jax.generate.prefill` (whole prompt, B = 1) at
            --prefill-prefixes; hyquant uses hybrid prefill + Freeze
 Decode caches are built directly from random keys/values (Freeze for the
-quantized caches; a batch tiles one sequence's cache), not by running the
+quantized caches, sized for prompts of the prefix's length, `freeze(...,
+min_length=prefix)`, as bf16's is sized for prefix + steps; a batch tiles
+one sequence's cache), not by running the
 prefill, so every prefix costs one decode compilation only. Each decode
 config runs --steps steps once to compile and warm up, then --reps timed
 loops of --steps steps; per-step time = median loop time / steps (inside
@@ -241,9 +243,9 @@ def _layer_cache(attention, config, key, prefix, max_len):
 
         q_tail = jax.random.normal(kq, (1, config.num_heads, tail_query_count(attention.config), config.head_dim),
                                    jnp.bfloat16)
-        return freeze(k, v, lengths, q_tail, attention.config, max_len)
+        return freeze(k, v, lengths, q_tail, attention.config, max_len, min_length=prefix)
     empty = (jnp.zeros((1, config.num_kv_heads, 0), jnp.int32), jnp.zeros((1,), jnp.int32))
-    return freeze(k, v, lengths, None, attention.config, max_len, vl=empty)
+    return freeze(k, v, lengths, None, attention.config, max_len, vl=empty, min_length=prefix)
 
 
 def _states(attention, config, prefix, batch, max_len, seed=0, mesh=None):

@@ -156,24 +156,36 @@ def _token_param_bytes(param: jax.Array) -> int:
 # --------------------------------------------------------------------------- capacities
 
 
-def capacities(max_len: int, config: HyQuantConfig) -> tuple[int, int]:
+def capacities(max_len: int, config: HyQuantConfig, min_length: int = 0) -> tuple[int, int]:
     """(pages, VL capacity) that hold any history of at most `max_len` tokens.
 
-    Tokens outside the window are at most max_len - W. Freeze puts P prefix
-    tokens into ceil(P / block_size) pages at most and each later flush
-    fills one page, so ceil((max_len - W) / block_size) pages suffice. VL
-    holds num_vl(P) + f * flush_vl_count after f flushes, maximised over the
-    split of the prefix between freeze and flushes.
+    A history freezes a prompt of L tokens (min_length <= L <= max_len) and
+    then appends max_len - L tokens. Freeze puts the prefix P = max(0, L - W)
+    into ceil(P / block_size) pages at most (fewer when VL tokens leave it)
+    and num_vl(P) tokens into VL; the ring then flushes only when full, f
+    times, each flush filling one page and promoting flush_vl_count tokens.
+    Both capacities are maximised over L. A known shortest prompt
+    (min_length) removes the long-decode histories, whose flushes promote
+    more VL tokens per block than a prompt's rho does.
     """
-    bs = config.block_size
-    prefix_max = max(0, max_len - config.window)
-    pages = max(1, math.ceil(prefix_max / bs))
-    align = max(1, SLOT_ALIGN // bs)
-    pages = math.ceil(pages / align) * align
-    kf = config.flush_vl_count
-    rho = config.rho_fraction
-    vl = max(num_vl_tokens(prefix_max - f * bs, rho) + f * kf for f in range(prefix_max // bs + 1))
-    vl = max(VL_ALIGN, math.ceil(vl / VL_ALIGN) * VL_ALIGN)
+    pages, vl = worst_history(max_len, config, min_length)
+    align = max(1, SLOT_ALIGN // config.block_size)
+    return math.ceil(pages / align) * align, max(VL_ALIGN, math.ceil(vl / VL_ALIGN) * VL_ALIGN)
+
+
+def worst_history(max_len: int, config: HyQuantConfig, min_length: int = 0) -> tuple[int, int]:
+    """Unpadded (pages, VL tokens) of `capacities`: the most either can take over all histories."""
+    if not 0 <= min_length <= max_len:
+        raise ValueError(f"min_length must lie in [0, max_len={max_len}], got {min_length}")
+    bs, w = config.block_size, config.window
+    # A prompt of L >= W tokens leaves t = max_len - L to append, which flush the full ring ceil(t / bs) - 1
+    # times (at least 0). A shorter prompt has an empty prefix and flushes as often as one of W tokens, so
+    # L < W adds no history. Within one flush count the smallest t (largest prefix) is the worst case.
+    t_max = max(0, max_len - max(w, min_length))
+    histories = [(max(0, max_len - t - w), max(0, -(-t // bs) - 1))  # (prefix at freeze, flushes after it)
+                 for t in (0, *range(bs + 1, t_max + 1, bs))]
+    pages = max(max(1, -(-p // bs) + f) for p, f in histories)
+    vl = max(num_vl_tokens(p, config.rho_fraction) + f * config.flush_vl_count for p, f in histories)
     return pages, vl
 
 
@@ -300,6 +312,7 @@ def freeze(
     max_len: int,
     vl: tuple[jax.Array, jax.Array] | None = None,
     scale: float | None = None,
+    min_length: int = 0,
 ) -> HybridKVCache:
     """Build the hybrid cache from prefill keys/values (paper Algorithm 4).
 
@@ -309,6 +322,10 @@ def freeze(
     max_len: static capacity per sequence (prompt + generated), >= N.
     vl: optional (indices, count) from `vertical_token_identification` when
       prefill already computed them.
+    min_length: static; every prompt has at least this many tokens. The
+      capacity then covers only histories from such prompts (`capacities`):
+      at a 32K prompt the VL region shrinks from 2112 to 1664 slots, 4% of
+      the cache. Needs concrete (host) lengths, which are checked against it.
 
     The last min(len, W) tokens go to the window ring; VL tokens are chosen
     from the prefix [0, len - W) once; the rest of the prefix is quantized in
@@ -319,20 +336,28 @@ def freeze(
     config.check_head_dim(d)
     if max_len < n:
         raise ValueError(f"max_len={max_len} must be >= the prompt capacity N={n}")
+    if isinstance(min_length, bool) or not isinstance(min_length, (int, np.integer)) or not 0 <= min_length <= max_len:
+        raise ValueError(f"freeze: min_length must be an int in [0, max_len={max_len}], got {min_length!r}")
+    min_length = int(min_length)
     if _concrete(lengths):
         lens = np.asarray(lengths)
         if lens.size and (lens.min() < 0 or lens.max() > n):
             raise ValueError(f"lengths must lie in [0, {n}], got {lens.tolist()}")
+        if lens.size and lens.min() < min_length:
+            raise ValueError(f"freeze: every length must be >= min_length={min_length}, got {lens.tolist()}")
+    elif min_length:  # an unchecked promise would let later flushes overflow the VL region silently
+        raise ValueError("freeze: min_length > 0 needs concrete lengths (call freeze outside jit)")
     if vl is None:
         vl = vertical_token_identification(q_tail, k, lengths, config, scale=scale)
-    return _freeze(k, v, lengths.astype(jnp.int32), vl[0], vl[1], config, max_len)
+    return _freeze(k, v, lengths.astype(jnp.int32), vl[0], vl[1], config, max_len, min_length)
 
 
-@partial(jax.jit, static_argnames=("config", "max_len"))
-def _freeze(k, v, lengths, vl_idx, vl_count, config: HyQuantConfig, max_len: int) -> HybridKVCache:
+@partial(jax.jit, static_argnames=("config", "max_len", "min_length"))
+def _freeze(k, v, lengths, vl_idx, vl_count, config: HyQuantConfig, max_len: int,
+            min_length: int = 0) -> HybridKVCache:
     b, h, n, d = k.shape
     bs, w = config.block_size, config.window
-    num_pages, vl_cap = capacities(max_len, config)
+    num_pages, vl_cap = capacities(max_len, config, min_length)
     slots = num_pages * bs
     pos = jnp.arange(n)
 

@@ -19,7 +19,9 @@ from hypothesis import strategies as st
 
 import oracle
 from hq_helpers import Harness, config, j32, ji32, normal, region_ids, rng, with_ring_score
-from hyquant_jax.cache import accumulate_ring_scores, append, capacities, flush_full_rings, freeze
+from hyquant_jax.cache import (accumulate_ring_scores, append, capacities, flush_full_rings, freeze,
+                               worst_history)
+from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.reference import hybrid_decode_attention_reference
 
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow],
@@ -124,15 +126,55 @@ def test_capacities_hold_any_history_up_to_max_len(kw):
         append(h.cache, j32(k), j32(v), cfg)
 
 
+@pytest.mark.parametrize("kw", CAPACITY_CONFIGS, ids=[str(i) for i in range(len(CAPACITY_CONFIGS))])
+def test_capacities_with_min_length_hold_any_history_from_such_prompts(kw):
+    """freeze(min_length=m): prompts of >= m tokens, appended up to max_len, stay exact in the smaller cache."""
+    cfg = config(key_bits=16, value_bits=16, **kw)
+    gen = rng(6)
+    n, max_len, m = 48, 200, 40
+    pages, vl_cap = capacities(max_len, cfg, m)
+    full_pages, full_vl = capacities(max_len, cfg)
+    assert pages <= full_pages and vl_cap <= full_vl
+    h = Harness(gen, cfg, 3, 1, 1, n, 64, [n, m, 45], max_len, ids=True, min_length=m)
+    assert h.cache.num_slots == pages * cfg.block_size and h.cache.vl_capacity == vl_cap
+    h.randomize_scores()
+    while max(h.sim.length) < max_len:
+        h.append(random_scores=max(h.sim.length) % 5 == 0)
+    check_exactly_once(h)
+    h.check()
+
+
+def test_freeze_min_length_is_checked():
+    cfg = config()
+    k = j32(np.zeros((2, 1, 8, 64), np.float32))
+    lengths = np.array([8, 5], np.int32)
+    with pytest.raises(ValueError, match=r"every length must be >= min_length=6"):
+        freeze(k, k, ji32(lengths), None, cfg, 64, vl=(jnp.zeros((2, 1, 0), jnp.int32), ji32([0, 0])),
+               min_length=6)
+    for bad in (-1, 65, 2.0, True):
+        with pytest.raises(ValueError, match="min_length must be an int in"):
+            freeze(k, k, ji32(lengths), None, cfg, 64, min_length=bad)
+    traced = jax.jit(lambda lens: freeze(k, k, lens, None, cfg, 64, vl=(jnp.zeros((2, 1, 0), jnp.int32), lens * 0),
+                                         min_length=4).length)
+    with pytest.raises(ValueError, match="needs concrete lengths"):
+        traced(ji32(lengths))
+    # the default config at a 32K prompt (the e2e benchmark's cache): the VL region 2112 -> 1664 slots
+    assert capacities(32904, HyQuantConfig(), 32768) == (516, 1664)
+    assert capacities(32904, HyQuantConfig()) == (516, 2112)
+
+
 def test_capacities_cover_the_worst_split_between_freeze_and_flushes():
     """Brute force over every prompt length: VL count after freeze plus every possible flush fits."""
     for kw in CAPACITY_CONFIGS:
         cfg = config(**kw)
-        for max_len in (1, 17, 100, 333):
-            pages, vl_cap = capacities(max_len, cfg)
+        cases = [(1, 0), (17, 0), (100, 0), (333, 0), (100, 60), (333, 5), (333, 200), (333, 333)]
+        cases += [(n, m) for n in range(60, 100) for m in (0, 3, 40)]  # every residue of the block sizes
+        for max_len, min_length in cases:
+            pages, vl_cap = capacities(max_len, cfg, min_length)
             bs, w = cfg.block_size, cfg.window
             kf = oracle.num_vl_tokens(bs, cfg.rho) if cfg.promote_flushed else 0
-            for length in range(max_len + 1):
+            worst_vl = worst_pages = 0
+            for length in range(min_length, max_len + 1):
                 prefix = max(0, length - w)
                 ring = min(length, w)
                 flushes = 0
@@ -146,6 +188,10 @@ def test_capacities_cover_the_worst_split_between_freeze_and_flushes():
                 vl = oracle.num_vl_tokens(prefix, cfg.rho) + flushes * kf
                 used_pages = -(-(prefix - oracle.num_vl_tokens(prefix, cfg.rho)) // bs) + flushes
                 assert vl <= vl_cap and used_pages <= pages, (kw, max_len, length)
+                worst_vl = max(worst_vl, vl)
+                worst_pages = max(worst_pages, 1, -(-prefix // bs) + flushes)  # pages as if no VL left the prefix
+            # and no looser than the worst history (before padding to the kernels' tiles)
+            assert worst_history(max_len, cfg, min_length) == (worst_pages, worst_vl), (kw, max_len, min_length)
 
 
 def test_promotion_picks_the_highest_ring_scores():
