@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import math
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -202,15 +203,32 @@ def sweep(inp: Inputs, config, iters, reps, log) -> tuple[DecodeTuning, list]:
 
 TUNING_KEYS = {"warps": "num_warps", "stages": "num_stages", "pages": "pages_per_tile", "n_low": "n_low",
                "n_vl": "n_vl", "convert": "convert", "low": "low_bit", "mosaic_per_sm": "mosaic_blocks_per_sm",
-               "mosaic_stages": "mosaic_stages"}
+               "mosaic_stages": "mosaic_stages", "mosaic_splits": "mosaic_splits"}
 STRING_KEYS = ("convert", "low")
+
+
+def select_cases(spec: str, cases=CASES) -> list:
+    """Cases named by a comma-separated spec: every case containing an item, and for an item 'B<b> <n>K'
+    that names none, the Qwen3-8B heads at that batch and context (e.g. 'B25 32K'). Empty spec: all cases."""
+    if not spec.strip():
+        return list(cases)
+    out = []
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        found = [c for c in cases if item in c[0]]
+        shape = re.fullmatch(r"B(\d+) (\d+)K", item)
+        if not found and shape and int(shape[1]) > 0 and int(shape[2]) > 0:
+            found = [(f"qwen3-8b {item}", int(shape[1]), 32, 8, 128, int(shape[2]) * 1024)]
+        if not found:
+            raise ValueError(f"--cases: {item!r} names no case (known: {[c[0] for c in cases]}; or 'B<batch> <n>K')")
+        out += [c for c in found if c not in out]
+    return out
 
 
 def parse_tunings(spec: str) -> list[DecodeTuning]:
     """'warps=1,pages=1;warps=2' -> [DecodeTuning(num_warps=1, pages_per_tile=1), DecodeTuning(num_warps=2)].
 
     An empty item is the default tuning. Keys: warps, stages, pages, n_low, n_vl, convert, low (the low-bit
-    kernel: mosaic or triton), mosaic_per_sm, mosaic_stages.
+    kernel: mosaic or triton), mosaic_per_sm, mosaic_stages, mosaic_splits.
     """
     out = []
     for item in spec.split(";"):
@@ -394,7 +412,7 @@ def main(argv=None):
     log = lambda s: print(s, flush=True)  # noqa: E731
     env = environment()
     log(f"{env}")
-    selected = [c for c in (SMOKE_CASES if args.smoke else CASES) if not args.cases or any(s.strip() in c[0] for s in args.cases.split(","))]
+    selected = select_cases(args.cases, SMOKE_CASES if args.smoke else CASES)
     probe = read_bandwidth(4 << 20 if args.smoke else 2 << 30, iters=2 if args.smoke else 20)
     result = {"env": env, "config": dataclasses.asdict(CONFIG), "read_bandwidth_tb_s": probe["best"],
               "read_bandwidth": probe}

@@ -48,7 +48,7 @@ class DecodeTuning:
       and KV heads, else triton);
     mosaic_blocks_per_sm, mosaic_stages: the Mosaic kernel's splits (batch x KV heads x splits fill this
       many blocks per multiprocessor, at least 2 splits; `decode_mgpu.default_splits`) and pages in flight
-      per block.
+      per block; mosaic_splits: that split count itself (overrides mosaic_blocks_per_sm).
     """
 
     n_low: int | None = None
@@ -62,6 +62,7 @@ class DecodeTuning:
     low_bit: str = "auto"
     mosaic_blocks_per_sm: int = 2
     mosaic_stages: int = 2
+    mosaic_splits: int | None = None
 
     def launch(self) -> tuple[int, int]:
         """(num_warps, num_stages) of the Triton launch: 4 warps / 3 stages unless set. Measured best on the
@@ -116,6 +117,8 @@ def use_mosaic_low_bit(cache: HybridKVCache, config: HyQuantConfig, q_heads: int
     where it cannot run."""
     if tuning.low_bit not in LOW_BIT_KERNELS:
         raise ValueError(f"DecodeTuning.low_bit must be one of {LOW_BIT_KERNELS}, got {tuning.low_bit!r}")
+    if tuning.mosaic_splits is not None and tuning.mosaic_splits < 1:
+        raise ValueError(f"DecodeTuning.mosaic_splits must be None or >= 1, got {tuning.mosaic_splits}")
     if tuning.low_bit == "triton":
         return False
     from hyquant_jax.attention import is_hopper
@@ -206,7 +209,8 @@ def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, interpret: 
         from pallas_kernels.decode_mgpu import default_splits
 
         pages = cache.page_count.shape[1]
-        splits = default_splits(b, cache.num_kv_heads, pages, sms=tuning.sm_count, per_sm=tuning.mosaic_blocks_per_sm)
+        splits = tuning.mosaic_splits or default_splits(b, cache.num_kv_heads, pages, sms=tuning.sm_count,
+                                                        per_sm=tuning.mosaic_blocks_per_sm)
         mosaic_launch = (splits, tuning.mosaic_stages)
     return _run(q, cache, lay, scale if scale is not None else 1.0 / math.sqrt(d), num_warps, num_stages,
                 interpret, mosaic_launch)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmarks.decode_kernel import parse_tunings
+from benchmarks.decode_kernel import CASES, parse_tunings, select_cases
 from benchmarks.prefill_kernel import summarize
 from benchmarks.report import e2e_prefill_table, prefill_table
 from hyquant_jax.decode_kernel import DecodeTuning
@@ -14,6 +14,21 @@ def test_parse_tunings_fields_and_default_items():
     assert (default.num_warps, default.num_stages, default.pages_per_tile, default.n_low) == (None,) * 4
     assert (third.convert, third.n_low) == ("magic", 8)
     assert all(isinstance(t, DecodeTuning) for t in (first, default, third))
+
+
+def test_parse_tunings_mosaic_splits():
+    (t,) = parse_tunings("mosaic_splits=5,mosaic_stages=3")
+    assert (t.mosaic_splits, t.mosaic_stages, t.mosaic_blocks_per_sm) == (5, 3, 2)
+
+
+def test_select_cases_by_name_and_by_shape():
+    assert select_cases("") == CASES
+    assert [c[0] for c in select_cases("B1 1K,B16")] == ["qwen3-8b B1 1K", "qwen3-8b B16 32K"]
+    assert select_cases("B1 32K,B25 32K")[1] == ("qwen3-8b B25 32K", 25, 32, 8, 128, 32768)
+    assert select_cases("B16 32K") == [c for c in CASES if c[0] == "qwen3-8b B16 32K"]  # a known case wins
+    for bad in ("B25", "B0 32K", "llama B1"):
+        with pytest.raises(ValueError, match="--cases"):
+            select_cases(bad)
 
 
 @pytest.mark.parametrize("spec", ["warp=1", "warps=", "warps"])

@@ -146,10 +146,25 @@ def test_mosaic_choice():
         decode_kernel.use_mosaic_low_bit(cache, config, 8, tuning(low_bit="mosaic"), interpret=True)
     with pytest.raises(ValueError, match="DecodeTuning.low_bit"):
         decode_kernel.use_mosaic_low_bit(cache, config, 8, tuning(low_bit="cuda"), interpret=False)
+    with pytest.raises(ValueError, match="DecodeTuning.mosaic_splits"):
+        decode_kernel.use_mosaic_low_bit(cache, config, 8, tuning(mosaic_splits=0), interpret=False)
     for other in (hq.HyQuantConfig(key_bits=2), hq.HyQuantConfig(scheme="token_asym"),
                   hq.HyQuantConfig(block_size=32, window=128)):
         assert not decode_kernel.mosaic_low_bit_fits(cache, other, 8)
     assert not decode_kernel.mosaic_low_bit_fits(cache, config, 2 * 17)  # GQA group of 17 > 16 rows
+
+
+def test_mosaic_splits_override(monkeypatch):
+    """DecodeTuning.mosaic_splits reaches the Mosaic launch as given; without it default_splits decides."""
+    config = hq.HyQuantConfig()
+    qd, cache = _cache(jax.random.PRNGKey(13), 2, 8, 2, 128, [300, 200], config)
+    launches = []
+    monkeypatch.setattr(decode_kernel, "use_mosaic_low_bit", lambda *a, **k: True)
+    monkeypatch.setattr(decode_kernel, "_run", lambda *a: launches.append(a[-1]))
+    for t in (decode_kernel.DecodeTuning(mosaic_splits=5, mosaic_stages=3), decode_kernel.DecodeTuning()):
+        decode_kernel.decode_attention(qd, cache, config, interpret=True, tuning=t)
+    pages = cache.page_count.shape[1]
+    assert launches == [(5, 3), (dm.default_splits(2, 2, pages), 2)]
 
 
 def test_default_splits():
