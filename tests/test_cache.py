@@ -104,13 +104,18 @@ CAPACITY_CONFIGS = [
 ]
 
 
+@pytest.mark.parametrize("min_length,lengths", [(0, [48, 3, 0]), (40, [48, 40, 45])])
 @pytest.mark.parametrize("kw", CAPACITY_CONFIGS, ids=[str(i) for i in range(len(CAPACITY_CONFIGS))])
-def test_capacities_hold_any_history_up_to_max_len(kw):
+def test_capacities_hold_any_history_up_to_max_len(kw, min_length, lengths):
+    """Prompts (of >= min_length tokens, `freeze(min_length=...)`) appended up to max_len stay exact; then full."""
     cfg = config(key_bits=16, value_bits=16, **kw)
     gen = rng(5)
     n, max_len = 48, 200
-    pages, vl_cap = capacities(max_len, cfg)
-    h = Harness(gen, cfg, 3, 1, 1, n, 64, [n, 3, 0], max_len, ids=True)
+    pages, vl_cap = capacities(max_len, cfg, min_length)
+    if min_length:
+        full_pages, full_vl = capacities(max_len, cfg)
+        assert pages <= full_pages and vl_cap <= full_vl
+    h = Harness(gen, cfg, 3, 1, 1, n, 64, lengths, max_len, ids=True, min_length=min_length)
     assert h.cache.num_slots == pages * cfg.block_size and h.cache.vl_capacity == vl_cap
     h.randomize_scores()
     while max(h.sim.length) < max_len:
@@ -124,24 +129,6 @@ def test_capacities_hold_any_history_up_to_max_len(kw):
     k, v, _ = h.step_tokens()
     with pytest.raises(ValueError, match="max_len"):
         append(h.cache, j32(k), j32(v), cfg)
-
-
-@pytest.mark.parametrize("kw", CAPACITY_CONFIGS, ids=[str(i) for i in range(len(CAPACITY_CONFIGS))])
-def test_capacities_with_min_length_hold_any_history_from_such_prompts(kw):
-    """freeze(min_length=m): prompts of >= m tokens, appended up to max_len, stay exact in the smaller cache."""
-    cfg = config(key_bits=16, value_bits=16, **kw)
-    gen = rng(6)
-    n, max_len, m = 48, 200, 40
-    pages, vl_cap = capacities(max_len, cfg, m)
-    full_pages, full_vl = capacities(max_len, cfg)
-    assert pages <= full_pages and vl_cap <= full_vl
-    h = Harness(gen, cfg, 3, 1, 1, n, 64, [n, m, 45], max_len, ids=True, min_length=m)
-    assert h.cache.num_slots == pages * cfg.block_size and h.cache.vl_capacity == vl_cap
-    h.randomize_scores()
-    while max(h.sim.length) < max_len:
-        h.append(random_scores=max(h.sim.length) % 5 == 0)
-    check_exactly_once(h)
-    h.check()
 
 
 def test_freeze_min_length_is_checked():
