@@ -511,9 +511,30 @@ def merge(o, m, l):
     return out.reshape(o.shape[0], o.shape[1], ROWS, HEAD_DIM)
 
 
-def default_splits(batch: int, heads: int, pages: int, sms: int = 132, per_sm: int = 2) -> int:
-    """Splits so that batch * heads * splits gives `per_sm` blocks per multiprocessor, at least 2 (the
-    blocks then balance across multiprocessors at large batch) and at least 1 page each. The H200 sweep
-    (`results/decode_mgpu_splits_h200.json`): 2 per multiprocessor beat 4 and 8 at B1 32K and 128K and B16
-    32K; at B64 and B72, 1 split per (sequence, head) was 7-10% slower than 2."""
-    return max(1, min(pages, max(2, math.ceil(sms * per_sm / max(batch * heads, 1)))))
+def default_splits(batch: int, heads: int, pages: int, sms: int = 132, per_sm: int = 2,
+                   resident_per_sm: int = 3, block_overhead_pages: int = 16) -> int:
+    """Splits per (sequence, KV head) for the low-bit kernel over `pages` pages.
+
+    While batch * heads * splits blocks fit in one wave (`resident_per_sm` blocks per multiprocessor: 3 at
+    the kernel's 135 registers; `per_sm` if larger), the splits give `per_sm` blocks per multiprocessor, at
+    least 2 and at most one per page. The H200 sweep (`results/decode_mgpu_splits_h200.json`): 2 per
+    multiprocessor beat 4 and 8 at B1 32K and 128K and B16 32K.
+
+    Past one wave, the split count (at least 2) minimises waves x (pages per block + `block_overhead_pages`):
+    the time if each wave waits for its slowest block. At B25 32K, 2 splits launch 400 blocks, a wave of 396
+    and one of 4, and took 0.525 ms against 0.396 ms at 5 splits (`results/decode_split_waves_h200.json`).
+    With a 16-page overhead per block the rule picks the fastest count measured there at B24, 25, 28, 64,
+    74 and 76 (2, 5, 5, 3, 2, 3); its choices at B32 (3) and B40 (6) were as fast as or faster than 1, 2
+    and 3 splits (`results/decode_split_waves2_h200.json`). The model alone would take 1 split at B48 (one
+    wave of 384 blocks), which measured 3% slower than 2; at B64 and B72, 1 split was 7-10% slower than 2.
+    """
+    units = max(batch * heads, 1)
+    splits = max(1, min(pages, max(2, math.ceil(sms * per_sm / units))))
+    resident = sms * max(resident_per_sm, per_sm)
+    if units * splits <= resident:
+        return splits
+
+    def cost(s: int) -> int:
+        return math.ceil(units * s / resident) * (math.ceil(pages / s) + block_overhead_pages)
+
+    return min(range(min(2, pages), max(pages, 1) + 1), key=lambda s: (cost(s), s))

@@ -168,12 +168,17 @@ def test_mosaic_splits_override(monkeypatch):
 
 
 def test_default_splits():
-    """2 blocks per multiprocessor (132 on the H200), at least 2 splits, never more splits than pages."""
+    """One wave: 2 blocks per multiprocessor (132 on the H200), at least 2 splits, never more splits than
+    pages. Past one wave (396 resident blocks): the fastest split count of the H200 sweep."""
     assert dm.default_splits(1, 8, 512) == 33  # B1 32K: 264 blocks
     assert dm.default_splits(16, 8, 512) == 3  # B16 32K: 384 blocks
-    assert dm.default_splits(64, 8, 512) == 2 and dm.default_splits(72, 8, 512) == 2  # at least 2
+    assert dm.default_splits(24, 8, 512) == 2  # 384 blocks, one wave
     assert dm.default_splits(1, 8, 16) == 16 and dm.default_splits(4, 8, 1) == 1  # capped by the pages
     assert dm.default_splits(1, 8, 2048, per_sm=4) == 66
+    # results/decode_split_waves_h200.json: the fastest count at each batch (32K, 512 pages)
+    assert [dm.default_splits(b, 8, 512) for b in (25, 28, 64, 74, 76)] == [5, 5, 3, 2, 3]
+    assert dm.default_splits(48, 8, 512) == 2  # at least 2 (1 was 3% slower at B48 32K)
+    assert dm.default_splits(200, 8, 1) == 1 and dm.default_splits(200, 8, 2) == 2
 
 
 SHARDED_LOWERING = """
