@@ -325,7 +325,10 @@ def freeze(
     min_length: static; every prompt has at least this many tokens. The
       capacity then covers only histories from such prompts (`capacities`):
       at a 32K prompt the VL region shrinks from 2112 to 1664 slots, 4% of
-      the cache. Needs concrete (host) lengths, which are checked against it.
+      the cache. Concrete lengths are checked against it. Under jit it is the
+      caller's promise (`generate` checks it on the host); were it broken, a
+      flush that finds the VL region full quantizes its whole block instead
+      of promoting tokens, so nothing overflows.
 
     The last min(len, W) tokens go to the window ring; VL tokens are chosen
     from the prefix [0, len - W) once; the rest of the prefix is quantized in
@@ -345,8 +348,6 @@ def freeze(
             raise ValueError(f"lengths must lie in [0, {n}], got {lens.tolist()}")
         if lens.size and lens.min() < min_length:
             raise ValueError(f"freeze: every length must be >= min_length={min_length}, got {lens.tolist()}")
-    elif min_length:  # an unchecked promise would let later flushes overflow the VL region silently
-        raise ValueError("freeze: min_length > 0 needs concrete lengths (call freeze outside jit)")
     if vl is None:
         vl = vertical_token_identification(q_tail, k, lengths, config, scale=scale)
     return _freeze(k, v, lengths.astype(jnp.int32), vl[0], vl[1], config, max_len, min_length)
@@ -538,7 +539,12 @@ def _read_rows(buf, start, n):
 
 
 def _flush_oldest_block(cache: HybridKVCache, flush, config: HyQuantConfig) -> HybridKVCache:
-    """Move the oldest window block of each flushing sequence out of the ring."""
+    """Move the oldest window block of each flushing sequence out of the ring.
+
+    With `promote_flushed`, a sequence whose VL region has no room for flush_vl_count more tokens (possible
+    only when a prompt was shorter than freeze's min_length promised) quantizes the whole block instead:
+    the page holds block_size tokens and nothing is written past the VL capacity.
+    """
     bs = config.block_size
     b, h = cache.batch, cache.num_kv_heads
     start = cache.ring_start
@@ -546,7 +552,9 @@ def _flush_oldest_block(cache: HybridKVCache, flush, config: HyQuantConfig) -> H
     blk_v = _read_rows(cache.ring_v, start, bs)
     kf = config.flush_vl_count
     updates = {}
+    count = jnp.full((b,), bs, jnp.int32)
     if kf:
+        promote = flush & (cache.num_vl + kf <= cache.vl_capacity)  # [B]
         score = _read_rows(cache.ring_score[..., None], start, bs)[..., 0]  # [B, H, bs]
         _, top = jax.lax.top_k(score, kf)
         top = jnp.sort(top, axis=-1)
@@ -555,15 +563,16 @@ def _flush_oldest_block(cache: HybridKVCache, flush, config: HyQuantConfig) -> H
         ].set(True)
         vl_k = jnp.take_along_axis(blk_k, top[..., None], axis=2)
         vl_v = jnp.take_along_axis(blk_v, top[..., None], axis=2)
-        updates["vl_k"] = _write_rows(cache.vl_k, cache.num_vl, vl_k, flush)
-        updates["vl_v"] = _write_rows(cache.vl_v, cache.num_vl, vl_v, flush)
-        updates["num_vl"] = cache.num_vl + kf * flush
+        updates["vl_k"] = _write_rows(cache.vl_k, cache.num_vl, vl_k, promote)
+        updates["vl_v"] = _write_rows(cache.vl_v, cache.num_vl, vl_v, promote)
+        updates["num_vl"] = cache.num_vl + kf * promote
         keep = jnp.argsort(promoted, axis=-1, stable=True)  # kept tokens first, in order
         keep_ok = jnp.broadcast_to(jnp.arange(bs) < bs - kf, (b, h, bs))
-        blk_k = _gather_tokens(blk_k, keep, keep_ok, bs)
-        blk_v = _gather_tokens(blk_v, keep, keep_ok, bs)
-    count = bs - kf
-    valid = jnp.broadcast_to(jnp.arange(bs) < count, (b, h, bs))
+        kept = promote[:, None, None, None]
+        blk_k = jnp.where(kept, _gather_tokens(blk_k, keep, keep_ok, bs), blk_k)
+        blk_v = jnp.where(kept, _gather_tokens(blk_v, keep, keep_ok, bs), blk_v)
+        count = jnp.where(promote, bs - kf, bs)
+    valid = jnp.broadcast_to(jnp.arange(bs)[None, None, :] < count[:, None, None], (b, h, bs))
     k_codes, k_scale, k_zero = _quantize_keys(blk_k, valid, config)
     v_codes, v_scale, v_zero = _quantize_values(blk_v, config)
 
@@ -582,7 +591,7 @@ def _flush_oldest_block(cache: HybridKVCache, flush, config: HyQuantConfig) -> H
         if value is not None:
             updates[name] = _write_rows(getattr(cache, name), slot, value, flush)
     page_count = _write_rows(
-        cache.page_count[:, None, :, None], page, jnp.full((b, 1, 1, 1), count, jnp.int32), flush
+        cache.page_count[:, None, :, None], page, count[:, None, None, None], flush
     )[:, 0, :, 0]
     ring_score = _write_rows(cache.ring_score[..., None], start, jnp.zeros((b, h, bs, 1)), flush)[..., 0]
     return dataclasses.replace(

@@ -139,7 +139,8 @@ class HybridAttention:
             backend = self.prefill_backend or self.backend
             out, vl = prefill_attention(q, k, v, ctx.lengths, self.config, backend=backend)
             dt = self._dtype(k)
-            cache = freeze(k.astype(dt), v.astype(dt), ctx.lengths, None, self.config, ctx.max_len, vl=vl)
+            cache = freeze(k.astype(dt), v.astype(dt), ctx.lengths, None, self.config, ctx.max_len, vl=vl,
+                           min_length=ctx.min_length)
             return out, cache
         state = _stage_chunk(state, q, k, v, ctx)
         return _staged_attention(q, state, ctx), state
@@ -148,7 +149,8 @@ class HybridAttention:
         if isinstance(state, HybridKVCache):
             return state
         vl = vertical_token_identification(state.q_tail, state.k, ctx.lengths, self.config)
-        return freeze(state.k, state.v, ctx.lengths, state.q_tail, self.config, ctx.max_len, vl=vl)
+        return freeze(state.k, state.v, ctx.lengths, state.q_tail, self.config, ctx.max_len, vl=vl,
+                      min_length=ctx.min_length)
 
     def decode(self, layer, q, k, v, cache: HybridKVCache, ctx: DecodeContext):
         dt = cache.dtype
@@ -191,7 +193,8 @@ class QuantizedCacheAttention:
             out = causal_attention(q, k, v, bf16._impl(), bf16._f32())
             dt = self.cache_dtype or k.dtype
             vl = _empty_vl(k.shape[0], k.shape[1])
-            cache = freeze(k.astype(dt), v.astype(dt), ctx.lengths, None, self.config, ctx.max_len, vl=vl)
+            cache = freeze(k.astype(dt), v.astype(dt), ctx.lengths, None, self.config, ctx.max_len, vl=vl,
+                           min_length=ctx.min_length)
             return out, cache
         state = _stage_chunk(state, q, k, v, ctx)
         return _staged_attention(q, state, ctx), state
@@ -200,7 +203,8 @@ class QuantizedCacheAttention:
         if isinstance(state, HybridKVCache):
             return state
         vl = _empty_vl(state.k.shape[0], state.k.shape[1])
-        return freeze(state.k, state.v, ctx.lengths, None, self.config, ctx.max_len, vl=vl)
+        return freeze(state.k, state.v, ctx.lengths, None, self.config, ctx.max_len, vl=vl,
+                      min_length=ctx.min_length)
 
     def decode(self, layer, q, k, v, cache: HybridKVCache, ctx: DecodeContext):
         dt = cache.dtype

@@ -119,7 +119,8 @@ class VerticalSparseAttention:
     def prefill(self, layer, q, k, v, state, ctx: PrefillContext):
         out, vl = sparse_prefill_attention(q, k, v, ctx.lengths, self.config)
         dt = self.cache_dtype or k.dtype
-        return out, freeze(k.astype(dt), v.astype(dt), ctx.lengths, None, self.config, ctx.max_len, vl=vl)
+        return out, freeze(k.astype(dt), v.astype(dt), ctx.lengths, None, self.config, ctx.max_len, vl=vl,
+                           min_length=ctx.min_length)
 
     def finish_prefill(self, layer, state, ctx: PrefillContext):
         return state

@@ -33,7 +33,8 @@ import numpy as np
 from models.config import ModelConfig
 
 
-@partial(jax.tree_util.register_dataclass, data_fields=["offset", "lengths"], meta_fields=["max_len", "whole"])
+@partial(jax.tree_util.register_dataclass, data_fields=["offset", "lengths"],
+         meta_fields=["max_len", "whole", "min_length"])
 @dataclasses.dataclass(frozen=True)
 class PrefillContext:
     """One prefill call over a chunk of left-aligned, right-padded prompts.
@@ -44,12 +45,15 @@ class PrefillContext:
     max_len: static capacity of the decode state, tokens per sequence.
     whole: static; True when this one chunk is the whole (padded) prompt, so
       offset == 0 and an implementation may attend within the chunk only.
+    min_length: static; the caller checked that every prompt has at least this
+      many tokens, so a decode state may be sized for such prompts only.
     """
 
     offset: jax.Array
     lengths: jax.Array
     max_len: int
     whole: bool = False
+    min_length: int = 0
 
 
 @partial(jax.tree_util.register_dataclass, data_fields=["positions", "active"], meta_fields=["prepared"])

@@ -285,7 +285,7 @@ class Harness:
     """A frozen cache plus everything needed to predict it: tokens by id, the simulation."""
 
     def __init__(self, gen, cfg, b, hkv, g, n, d, lengths, max_len, ids=False, garbage=None, q_scale=1.0,
-                 key_offset=0.0, min_length=0):
+                 key_offset=0.0, min_length=0, traced_freeze=False):
         self.cfg, self.gen = cfg, gen
         if ids:
             self.k, self.v = id_tokens(gen, b, hkv, max_len, d)
@@ -302,9 +302,11 @@ class Harness:
                 vp[bi, :, length:] = garbage
         q_tail = tail_queries(j32(self.q[:, :, :n]), ji32(self.lengths), tail_query_count(cfg))
         self.vl = vertical_token_identification(q_tail, j32(self.k[:, :, :n]), ji32(self.lengths), cfg)
-        self.cache = freeze(j32(kp), j32(vp), ji32(self.lengths), q_tail, cfg, max_len, vl=self.vl,
-                            min_length=min_length)
-        self.sim = oracle.CacheSim(self.lengths, vl_sets(*self.vl), cfg, hkv)
+        # traced_freeze: freeze under jit, where min_length is an unchecked promise
+        run = jax.jit(freeze, static_argnames=("config", "max_len", "min_length")) if traced_freeze else freeze
+        self.cache = run(j32(kp), j32(vp), ji32(self.lengths), q_tail, config=cfg, max_len=max_len, vl=self.vl,
+                         min_length=min_length)
+        self.sim = oracle.CacheSim(self.lengths, vl_sets(*self.vl), cfg, hkv, vl_capacity=self.cache.vl_capacity)
 
     def step_tokens(self):
         pos = np.minimum(np.asarray(self.sim.length), self.k.shape[2] - 1)  # (clipped only for overflow tests)

@@ -401,9 +401,10 @@ class CacheSim:
     ring) and append with block flushes and VL promotion, from the docstrings.
     """
 
-    def __init__(self, lengths, vl_sets, config, num_heads):
+    def __init__(self, lengths, vl_sets, config, num_heads, vl_capacity=None):
         self.config = config
         self.h = num_heads
+        self.vl_capacity = vl_capacity  # a flush promotes only while the VL region has room (None: always)
         self.length = [int(x) for x in lengths]
         w, bs = config.window, config.block_size
         self.pages, self.vl, self.ring, self.score = [], [], [], []
@@ -443,7 +444,8 @@ class CacheSim:
                     block, self.ring[bi][h] = ring[:bs], ring[bs:]
                     ring = self.ring[bi][h]
                     by_score = sorted(range(bs), key=lambda i: (-self.score[bi][h][block[i]], i))
-                    promoted = sorted(by_score[:kf])
+                    room = self.vl_capacity is None or len(self.vl[bi][h]) + kf <= self.vl_capacity
+                    promoted = sorted(by_score[:kf]) if room else []
                     self.vl[bi][h].extend(block[i] for i in promoted)
                     self.pages[bi][h].append([block[i] for i in range(bs) if i not in promoted])
                     for tok in block:

@@ -141,13 +141,29 @@ def test_freeze_min_length_is_checked():
     for bad in (-1, 65, 2.0, True):
         with pytest.raises(ValueError, match="min_length must be an int in"):
             freeze(k, k, ji32(lengths), None, cfg, 64, min_length=bad)
-    traced = jax.jit(lambda lens: freeze(k, k, lens, None, cfg, 64, vl=(jnp.zeros((2, 1, 0), jnp.int32), lens * 0),
-                                         min_length=4).length)
-    with pytest.raises(ValueError, match="needs concrete lengths"):
-        traced(ji32(lengths))
     # the default config at a 32K prompt (the e2e benchmark's cache): the VL region 2112 -> 1664 slots
     assert capacities(32904, HyQuantConfig(), 32768) == (516, 1664)
     assert capacities(32904, HyQuantConfig()) == (516, 2112)
+
+
+def test_broken_min_length_promise_quantizes_instead_of_overflowing():
+    """Under jit freeze cannot check min_length. A prompt shorter than promised then decodes past what the VL
+    region was sized for: flushes that find it full quantize their whole block, and every token stays
+    stored exactly once, as the oracle (promotion only while there is room) predicts."""
+    cfg = config(key_bits=16, value_bits=16, window=16, block_size=16, rho=0.02, promote_flushed=True)
+    max_len, min_length = 1200, 1100  # VL sized for a >= 1100-token prompt: 64 slots; 1 promotion per flush
+    assert cfg.flush_vl_count == 1 and capacities(max_len, cfg, min_length)[1] == 64
+    h = Harness(rng(11), cfg, 2, 1, 1, 32, 64, [4, 30], max_len, ids=True, min_length=min_length,
+                traced_freeze=True)
+    assert h.cache.vl_capacity == 64
+    while max(h.sim.length) < max_len:
+        h.append(random_scores=max(h.sim.length) % 5 == 0)
+    check_exactly_once(h)
+    h.check()
+    num_vl = np.asarray(h.cache.num_vl)
+    assert num_vl.tolist() == [64, 64]  # full, never past it
+    pages = np.asarray(h.cache.page_count)[:, : int(np.asarray(h.cache.num_pages).max())]
+    assert (pages == 16).any() and (pages == 15).any()  # blocks quantized whole after the VL region filled
 
 
 def test_capacities_cover_the_worst_split_between_freeze_and_flushes():

@@ -2,6 +2,7 @@
 HyQuant == bf16 when nothing is quantized, baselines, sampling filters, donation, errors."""
 
 import dataclasses
+import importlib
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +10,8 @@ import numpy as np
 import pytest
 
 from hyquant_jax import HyQuantConfig
-from hyquant_jax.generate import decode, generate, kv_cache_bytes, pad_prompts, prefill
+from hyquant_jax.cache import capacities
+from hyquant_jax.generate import decode, generate, kv_cache_bytes, pad_prompts, prefill, shortest_prompt_bound
 from hyquant_jax.model_attention import HybridAttention, make_attention
 from hyquant_jax.sampling import SamplingConfig, sample
 from models import BF16Attention, ModelConfig, init_params
@@ -123,6 +125,28 @@ def test_kv_cache_bytes(params, prompts):
             assert used.tolist() == bf16.tolist()
         else:
             assert used[0] < 0.6 * bf16[0]
+
+
+def test_shortest_prompt_bound():
+    assert [shortest_prompt_bound(np.array(x)) for x in ([1], [5, 9], [32768, 40000], [1100, 1030], [])] == [
+        1, 4, 32768, 1024, 0]
+
+
+def test_generate_sizes_the_cache_for_the_shortest_prompt(params, monkeypatch):
+    """The hybrid cache is sized for prompts >= shortest_prompt_bound: here the VL region needs 64 slots
+    instead of the 128 that a short prompt decoding to max_len could fill; the tokens do not change."""
+    cfg = dataclasses.replace(CONFIG, max_position=2048)
+    hq = HyQuantConfig(window=16, block_size=16, prefill_block=16, rho=0.02)
+    rng = np.random.default_rng(2)
+    long = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (1100, 1030)]
+    attn = make_attention("hyquant", hq)
+    run = lambda: generate(params, cfg, long, attention=attn, max_new_tokens=4, eos_ids=(), keep_states=True)
+    bounded = run()
+    assert bounded.states[0].vl_capacity == capacities(bounded.max_len, hq, 1024)[1] == 64
+    monkeypatch.setattr(importlib.import_module("hyquant_jax.generate"), "shortest_prompt_bound", lambda lengths: 0)
+    unbounded = run()
+    assert unbounded.states[0].vl_capacity == capacities(bounded.max_len, hq)[1] == 128
+    assert np.array_equal(bounded.tokens, unbounded.tokens)
 
 
 def test_sampling_filters():
