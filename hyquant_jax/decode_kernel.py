@@ -47,8 +47,9 @@ class DecodeTuning:
       "auto" (mosaic where it fits and the cache holds at least MOSAIC_MIN_PAGES pages over all sequences
       and KV heads, else triton);
     mosaic_blocks_per_sm, mosaic_stages: the Mosaic kernel's splits (batch x KV heads x splits fill this
-      many blocks per multiprocessor, at least 2 splits; `decode_mgpu.default_splits`) and pages in flight
-      per block; mosaic_splits: that split count itself (overrides mosaic_blocks_per_sm).
+      many blocks per multiprocessor, at least 2 splits, while that fits one wave of resident blocks; past
+      it the count that wastes the least of the last wave; `decode_mgpu.default_splits`) and pages in
+      flight per block; mosaic_splits: that split count itself (overrides mosaic_blocks_per_sm).
     """
 
     n_low: int | None = None
