@@ -325,10 +325,11 @@ def freeze(
     min_length: static; every prompt has at least this many tokens. The
       capacity then covers only histories from such prompts (`capacities`):
       at a 32K prompt the VL region shrinks from 2112 to 1664 slots, 4% of
-      the cache. Concrete lengths are checked against it. Under jit it is the
-      caller's promise (`generate` checks it on the host); were it broken, a
-      flush that finds the VL region full quantizes its whole block instead
-      of promoting tokens, so nothing overflows.
+      the cache; the pages do not depend on it. Concrete lengths are checked
+      against it. Under jit it is the caller's promise (`generate` checks it
+      on the host); were it broken, a flush that finds the VL region full
+      quantizes its whole block instead of promoting tokens, so nothing
+      overflows.
 
     The last min(len, W) tokens go to the window ring; VL tokens are chosen
     from the prefix [0, len - W) once; the rest of the prefix is quantized in

@@ -164,6 +164,11 @@ def test_broken_min_length_promise_quantizes_instead_of_overflowing():
     assert num_vl.tolist() == [64, 64]  # full, never past it
     pages = np.asarray(h.cache.page_count)[:, : int(np.asarray(h.cache.num_pages).max())]
     assert (pages == 16).any() and (pages == 15).any()  # blocks quantized whole after the VL region filled
+    # only the VL region depends on min_length: the pages hold any history, so they cannot overflow either
+    for kw in CAPACITY_CONFIGS:
+        c = config(**kw)
+        for n in (0, 37, 200, 777):
+            assert {worst_history(n, c, m)[0] for m in range(0, n + 1, 3)} == {worst_history(n, c)[0]}, (kw, n)
 
 
 def test_capacities_cover_the_worst_split_between_freeze_and_flushes():
