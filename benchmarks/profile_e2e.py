@@ -40,7 +40,7 @@ def profile_config(args, params, config, attention, method, prefix, batch) -> di
     first = jax.random.randint(jax.random.PRNGKey(1), (batch,), 0, config.vocab_size, jnp.int32)
     key = jax.random.PRNGKey(2)
     static = dict(config=config, attention=attention, sampling=SamplingConfig(), max_new_tokens=args.steps + 1,
-                  eos_ids=(), pad_id=0)
+                  eos_ids=(), pad_id=0, layer_kernels=args.layer_kernels)
     out, _, states, lengths, _ = decode(params, states, first, lengths, key, **static)
     jax.block_until_ready(out)
     (out, _, states, lengths, n), wall, events = profiled(
@@ -85,6 +85,7 @@ def main():
     p.add_argument("--prefill-backend", default="auto", help="as in e2e.py")
     p.add_argument("--prefill-block", type=int, default=64, help="as in e2e.py")
     p.add_argument("--smoke", action="store_true", help="e2e.py's tiny model (a CPU check of the script)")
+    p.add_argument("--layer-kernels", default="auto", choices=("auto", "xla"), help="as in e2e.py")
     args = p.parse_args()
     import jax
     import jax.numpy as jnp
@@ -98,7 +99,8 @@ def main():
     config = e2e._model(e2e_args)
     params = init_params(jax.random.PRNGKey(0), config, jnp.bfloat16)
     results = {"environment": {"jax": jax.__version__, "device": jax.devices()[0].device_kind,
-                               "command": " ".join(sys.argv)}, "model": args.model, "configs": []}
+                               "command": " ".join(sys.argv)}, "model": args.model,
+               "layer_kernels": args.layer_kernels, "configs": []}
     sections = args.sections.split(",")
     for method in args.methods.split(","):
         attention, _ = e2e._attention(e2e_args, method)

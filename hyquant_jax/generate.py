@@ -148,15 +148,18 @@ def _is_eos(tokens, eos_ids: tuple[int, ...]):
     return hit
 
 
-@partial(jax.jit, static_argnames=("config", "attention", "sampling", "max_new_tokens", "eos_ids", "pad_id"),
+@partial(jax.jit, static_argnames=("config", "attention", "sampling", "max_new_tokens", "eos_ids", "pad_id",
+                                   "layer_kernels"),
          donate_argnames=("states",))
 def decode(params: Params, states: tuple, first: jax.Array, lengths: jax.Array, key: jax.Array, *,
            config: ModelConfig, attention, sampling: SamplingConfig, max_new_tokens: int,
-           eos_ids: tuple[int, ...], pad_id: int):
+           eos_ids: tuple[int, ...], pad_id: int, layer_kernels: str | None = None):
     """Decode loop (`lax.while_loop`, the per-layer states donated and updated in place).
 
     first: int32 [B] the token sampled after the prompt (generated token 0);
     lengths: int32 [B] tokens already cached (prompt lengths).
+    layer_kernels: how each step's norms and RoPE run (`models.transformer.layer_kernels`; None: the
+    attention's choice, "auto" by default: the Pallas kernels on a GPU where the shapes fit).
     Returns (tokens int32 [B, max_new_tokens], generated counts int32 [B],
     states, cache lengths int32 [B], steps taken int32 []).
     """
@@ -172,7 +175,8 @@ def decode(params: Params, states: tuple, first: jax.Array, lengths: jax.Array, 
     def body(c):
         step, out, last, positions, active, count, states = c
         states, ctx = begin_decode_step(attention, states, DecodeContext(positions, active))
-        logits, states = forward(params, last[:, None], ctx, states, config=config, attention=attention)
+        logits, states = forward(params, last[:, None], ctx, states, config=config, attention=attention,
+                                 kernels=layer_kernels)
         token = sample(logits[:, 0], jax.random.fold_in(key, step), sampling)
         token = jnp.where(active, token, pad_id)
         out = jax.lax.dynamic_update_slice_in_dim(out, token[:, None], step, axis=1)

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -364,6 +364,9 @@ class ShardedAttention:
     inner: Any
     mesh: Mesh
     check_vma: bool | None = None
+    # The model's norms and RoPE stay XLA ops under a mesh (`models.transformer.layer_kernels`): XLA partitions
+    # them with the dense part, while a Pallas call there would make it gather its operands onto every device.
+    layer_kernels: ClassVar[str] = "xla"
 
     def __post_init__(self):
         mesh_sizes(self.mesh)

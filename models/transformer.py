@@ -20,7 +20,9 @@ import numpy as np
 from models.attention import Attention, DecodeContext, PrefillContext
 from models.config import ModelConfig
 from models.layers import apply_rope, rms_norm, rope_cos_sin, swiglu
+from pallas_kernels.norm_rope import add_rms_norm, fits, qk_norm_rope
 
+LAYER_KERNELS = ("auto", "xla", "pallas", "interpret")
 _LAYER_FIELDS = ["attn_norm", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "q_norm", "k_norm",
                  "mlp_norm", "w_gate", "w_up", "w_down"]
 
@@ -167,24 +169,51 @@ def _project(x, w, b):
     return y.transpose(0, 2, 1, 3)
 
 
-def _attention_block(layer: LayerParams, i: int, x, cos, sin, state, ctx, config: ModelConfig,
-                     attention: Attention):
-    h = rms_norm(x, layer.attn_norm, config.rms_norm_eps)
+def _attention_block(layer: LayerParams, i: int, h, cos, sin, state, ctx, config: ModelConfig,
+                     attention: Attention, kernels: str):
+    """Attention of the normalised hidden state h [B, T, E] -> (output [B, T, E], new state)."""
     q = _project(h, layer.wq, layer.bq)  # [B, Hq, T, D]
     k = _project(h, layer.wk, layer.bk)
     v = _project(h, layer.wv, layer.bv)
-    if config.qk_norm:
-        q = rms_norm(q, layer.q_norm, config.rms_norm_eps)
-        k = rms_norm(k, layer.k_norm, config.rms_norm_eps)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    if kernels != "xla":  # one decode token: q/k norms and RoPE in one launch
+        q, k = qk_norm_rope(q[:, :, 0], k[:, :, 0], cos[:, 0, 0], sin[:, 0, 0], layer.q_norm, layer.k_norm,
+                            config.rms_norm_eps, interpret=kernels == "interpret")
+        q, k = q[:, :, None], k[:, :, None]
+    else:
+        if config.qk_norm:
+            q = rms_norm(q, layer.q_norm, config.rms_norm_eps)
+            k = rms_norm(k, layer.k_norm, config.rms_norm_eps)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     if isinstance(ctx, DecodeContext):
         out, state = attention.decode(i, q[:, :, 0], k[:, :, 0], v[:, :, 0], state, ctx)
         out = out[:, :, None]
     else:
         out, state = attention.prefill(i, q, k, v, state, ctx)
     b, hq, t, d = out.shape
-    merged = out.astype(x.dtype).transpose(0, 2, 1, 3).reshape(b, t, hq * d)
+    merged = out.astype(h.dtype).transpose(0, 2, 1, 3).reshape(b, t, hq * d)
     return merged @ layer.wo.reshape(hq * d, -1), state
+
+
+def layer_kernels(mode: str, ctx: PrefillContext | DecodeContext, config: ModelConfig) -> str:
+    """How a forward call runs its norms and RoPE: "xla" (jnp, `models.layers`), "pallas" or "interpret"
+    (`pallas_kernels.norm_rope`: one launch per residual add + RMSNorm and one for the q/k norms + RoPE of a
+    layer; decode steps only, where these ~6 small XLA kernels a layer cost ~1.1-1.8 us each).
+
+    mode: "auto" (pallas on a GPU for a decode step whose hidden size and head_dim are powers of two, else
+    xla), "xla", "pallas" (decode steps only; raises where the shapes do not fit) or "interpret" (the same
+    kernels in Pallas interpret mode, for tests on CPU).
+    """
+    if mode not in LAYER_KERNELS:
+        raise ValueError(f"layer_kernels must be one of {LAYER_KERNELS}, got {mode!r}")
+    shapes_fit = fits(config.hidden_size, config.head_dim)
+    if mode == "xla" or not isinstance(ctx, DecodeContext):
+        return "xla"
+    if mode == "auto":
+        return "pallas" if jax.default_backend() == "gpu" and shapes_fit else "xla"
+    if not shapes_fit:
+        raise ValueError(f"layer_kernels={mode!r} needs hidden_size and head_dim powers of two >= 32, got "
+                         f"{config.hidden_size} and {config.head_dim}")
+    return mode
 
 
 def token_positions(ctx: PrefillContext | DecodeContext, batch: int, t: int) -> jax.Array:
@@ -195,34 +224,64 @@ def token_positions(ctx: PrefillContext | DecodeContext, batch: int, t: int) -> 
 
 
 def forward(params: Params, tokens: jax.Array, ctx: PrefillContext | DecodeContext, states: tuple,
-            *, config: ModelConfig, attention: Attention, output_index: jax.Array | None = None):
+            *, config: ModelConfig, attention: Attention, output_index: jax.Array | None = None,
+            kernels: str | None = None):
     """Run the model over one prefill chunk or one decode step.
 
     tokens: int32 [B, T] (T = 1 for a DecodeContext); states: tuple of one
     attention state per layer. output_index: optional int [B]; when given,
     only the hidden state at tokens[b, output_index[b]] goes through the
-    output head.
+    output head. kernels: how norms and RoPE run (`layer_kernels`); None or
+    "auto" take the attention's `layer_kernels` attribute where it has one.
     Returns (logits float32 [B, T, V] or [B, V], new states).
     """
     b, t = tokens.shape
     if len(states) != config.num_layers:
         raise ValueError(f"states must hold one entry per layer ({config.num_layers}), got {len(states)}")
+    mode = "auto" if kernels is None else kernels
+    if mode == "auto":  # an implementation may opt out (ShardedAttention: XLA partitions the dense part)
+        mode = getattr(attention, "layer_kernels", "auto")
+    mode = layer_kernels(mode, ctx, config)
+    eps = config.rms_norm_eps
     cos, sin = rope_cos_sin(token_positions(ctx, b, t), config)
     x = params.embed[tokens]
+    if mode != "xla":
+        # x + delta and the next RMSNorm in one launch: the hidden state h arrives normalised.
+        def add_norm(x, delta, weight):
+            total, normed = add_rms_norm(x[:, 0], None if delta is None else delta[:, 0], weight, eps,
+                                         interpret=mode == "interpret")
+            return total[:, None], normed[:, None]
+
+        _, h = add_norm(x, None, params.layers[0].attn_norm)
     new_states = []
     for i, layer in enumerate(params.layers):
-        attn_out, state = _attention_block(layer, i, x, cos, sin, states[i], ctx, config, attention)
-        x = x + attn_out
-        x = x + swiglu(rms_norm(x, layer.mlp_norm, config.rms_norm_eps), layer.w_gate, layer.w_up, layer.w_down)
+        if mode == "xla":
+            h = rms_norm(x, layer.attn_norm, eps)
+        attn_out, state = _attention_block(layer, i, h, cos, sin, states[i], ctx, config, attention, mode)
+        if mode == "xla":
+            x = x + attn_out
+            x = x + swiglu(rms_norm(x, layer.mlp_norm, eps), layer.w_gate, layer.w_up, layer.w_down)
+        else:
+            x, h = add_norm(x, attn_out, layer.mlp_norm)
+            nxt = params.layers[i + 1].attn_norm if i + 1 < config.num_layers else params.final_norm
+            x, h = add_norm(x, swiglu(h, layer.w_gate, layer.w_up, layer.w_down), nxt)
         new_states.append(state)
+    if mode != "xla":
+        x = h  # already through the final norm
     if output_index is not None:
         x = jnp.take_along_axis(x, jnp.clip(output_index, 0, t - 1)[:, None, None].astype(jnp.int32), axis=1)[:, 0]
+    if mode != "xla":
+        return output_head(params, x), tuple(new_states)
     return logits(params, x, config), tuple(new_states)
 
 
 def logits(params: Params, hidden: jax.Array, config: ModelConfig) -> jax.Array:
     """Final RMSNorm and output head: hidden [..., E] -> float32 logits [..., V]."""
-    h = rms_norm(hidden, params.final_norm, config.rms_norm_eps)
+    return output_head(params, rms_norm(hidden, params.final_norm, config.rms_norm_eps))
+
+
+def output_head(params: Params, h: jax.Array) -> jax.Array:
+    """The output head alone (h after the final norm): [..., E] -> float32 logits [..., V]."""
     if params.lm_head is None:
         return jnp.einsum("...e,ve->...v", h, params.embed, preferred_element_type=jnp.float32)
     return jnp.einsum("...e,ev->...v", h, params.lm_head, preferred_element_type=jnp.float32)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from models import BF16Attention, DecodeContext, ModelConfig, PrefillContext, forward, from_hf_config, init_params
 from models.config import rope_inv_freq
 from models.layers import apply_rope, rope_cos_sin
-from models.transformer import check_params
+from models.transformer import check_params, layer_kernels
 
 TINY = ModelConfig("llama", vocab_size=97, hidden_size=48, intermediate_size=96, num_layers=2, num_heads=4,
                    num_kv_heads=2, head_dim=16, rope_theta=10000.0, max_position=512)
@@ -122,6 +122,53 @@ def test_decode_steps_match_full_forward(name):
         np.testing.assert_allclose(step[:, 0], full[:, i], rtol=1e-4, atol=1e-4)
 
 
+# Powers of two in hidden size and head_dim: the shapes `pallas_kernels.norm_rope` takes.
+POW2 = dataclasses.replace(TINY, hidden_size=64, head_dim=32)
+KERNEL_VARIANTS = {"llama": POW2, "qwen3_qknorm": dataclasses.replace(POW2, architecture="qwen3", qk_norm=True),
+                   "qwen2_bias_tied": dataclasses.replace(POW2, architecture="qwen2", qkv_bias=True,
+                                                          tie_embeddings=True)}
+
+
+@pytest.mark.parametrize("name", sorted(KERNEL_VARIANTS))
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_decode_steps_with_layer_kernels_match_xla(name, dtype):
+    """Decode steps with the norm/RoPE kernels (interpret mode) give the XLA path's logits and states, and in
+    float32 the full causal forward's logits."""
+    config = KERNEL_VARIANTS[name]
+    params = init_params(jax.random.PRNGKey(7), config, dtype)
+    t, p = 11, 8
+    tokens = jax.random.randint(jax.random.PRNGKey(8), (2, t), 0, config.vocab_size)
+    full = _full_logits(params, config, tokens) if dtype == jnp.float32 else None
+    attn = BF16Attention()
+    ctx = PrefillContext(jnp.int32(0), jnp.full((2,), p, jnp.int32), t, whole=True)
+    states = tuple(attn.prefill_state(config, 2, t, t, dtype, True) for _ in range(config.num_layers))
+    _, states = forward(params, tokens[:, :p], ctx, states, config=config, attention=attn)
+    tol = 1e-5 if dtype == jnp.float32 else 3e-2
+    for i in range(p, t):
+        dctx = DecodeContext(jnp.full((2,), i, jnp.int32), jnp.ones((2,), bool))
+        step = tokens[:, i:i + 1]
+        xla, xla_states = forward(params, step, dctx, states, config=config, attention=attn, kernels="xla")
+        fused, states = forward(params, step, dctx, states, config=config, attention=attn, kernels="interpret")
+        np.testing.assert_allclose(fused, xla, rtol=tol, atol=tol * float(jnp.abs(xla).max()))
+        for a, b in zip(jax.tree_util.tree_leaves(states), jax.tree_util.tree_leaves(xla_states)):
+            np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=tol, atol=tol)
+        if full is not None:
+            np.testing.assert_allclose(fused[:, 0], full[:, i], rtol=1e-4, atol=1e-4)
+
+
+def test_layer_kernels_mode():
+    dctx = DecodeContext(jnp.zeros((1,), jnp.int32), jnp.ones((1,), bool))
+    pctx = PrefillContext(jnp.int32(0), jnp.ones((1,), jnp.int32), 4, whole=True)
+    assert layer_kernels("interpret", dctx, POW2) == "interpret"
+    assert layer_kernels("interpret", pctx, POW2) == "xla"  # prefill chunks always run the XLA ops
+    assert layer_kernels("auto", dctx, POW2) == ("pallas" if jax.default_backend() == "gpu" else "xla")
+    assert layer_kernels("auto", dctx, TINY) == "xla"  # hidden size 48: not a power of two
+    with pytest.raises(ValueError, match="powers of two"):
+        layer_kernels("pallas", dctx, TINY)
+    with pytest.raises(ValueError, match="layer_kernels must be one of"):
+        layer_kernels("triton", dctx, POW2)
+
+
 def test_chunked_prefill_matches_whole():
     config = TINY
     params = init_params(jax.random.PRNGKey(3), config, jnp.float32)
@@ -165,3 +212,29 @@ def test_cudnn_applies_only_to_gpu_half_precision_head_dims_up_to_128(monkeypatc
     assert not attention_module.cudnn_applies(q.astype(jnp.float32))
     assert not attention_module.cudnn_applies(jnp.zeros((1, 4, 8, 256), jnp.bfloat16))
     assert not attention_module.cudnn_applies(jnp.zeros((1, 4, 8, 100), jnp.bfloat16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qk_norm", [True, False])
+def test_gpu_decode_step_layer_kernels_match_xla(qk_norm):
+    """The compiled norm/RoPE kernels in a bf16 decode step of Qwen3-8B's head shapes (2 layers, small MLP and
+    vocabulary) against the XLA ops: logits and the written cache."""
+    config = dataclasses.replace(TINY, architecture="qwen3" if qk_norm else "llama", qk_norm=qk_norm,
+                                 hidden_size=4096, intermediate_size=1024, num_heads=32, num_kv_heads=8,
+                                 head_dim=128, vocab_size=512)
+    params = init_params(jax.random.PRNGKey(9), config, jnp.bfloat16)
+    attn = BF16Attention()
+    b, p = 3, 20
+    tokens = jax.random.randint(jax.random.PRNGKey(10), (b, p + 1), 0, config.vocab_size)
+    ctx = PrefillContext(jnp.int32(0), jnp.full((b,), p, jnp.int32), p + 8, whole=True)
+    states = tuple(attn.prefill_state(config, b, p, p + 8, jnp.bfloat16, True) for _ in range(config.num_layers))
+    _, states = jax.jit(lambda s: forward(params, tokens[:, :p], ctx, s, config=config, attention=attn))(states)
+    dctx = DecodeContext(jnp.full((b,), p, jnp.int32), jnp.ones((b,), bool))
+    step = jax.jit(lambda s, kernels: forward(params, tokens[:, p:], dctx, s, config=config, attention=attn,
+                                              kernels=kernels), static_argnums=1)
+    xla, xla_states = step(states, "xla")
+    fused, fused_states = step(states, "pallas")
+    scale = float(jnp.abs(xla).max())
+    np.testing.assert_allclose(np.asarray(fused), np.asarray(xla), rtol=0, atol=3e-2 * scale)
+    for a, c in zip(jax.tree_util.tree_leaves(fused_states), jax.tree_util.tree_leaves(xla_states)):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(c, np.float32), rtol=2e-2, atol=2e-2)
