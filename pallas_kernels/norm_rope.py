@@ -53,11 +53,13 @@ def _add_rms_norm_kernel(*refs, has_delta: bool, eps: float):
 
 
 def add_rms_norm(x: jax.Array, delta: jax.Array | None, weight: jax.Array, eps: float,
-                 interpret: bool = False):
+                 interpret: bool = False, num_warps: int = 16):
     """(x + delta, rms_norm(x + delta, weight, eps)) in one launch; without delta, (x, rms_norm(x, ...)).
 
     x, delta: [N, E] of one float dtype (the sum is rounded to it, as XLA's bf16 add); weight [E].
-    Returns two [N, E] arrays of x.dtype. E must satisfy `fits`.
+    Returns two [N, E] arrays of x.dtype. E must satisfy `fits`. num_warps: warps of each row's program (16:
+    fastest at E=4096 for N=1 and 25 on the H200, 1.27 / 1.44 us a call against 1.51 / 1.49 with 4;
+    benchmarks/results/norm_rope_probe_h200.json).
     """
     n, e = x.shape
     if not fits(e):
@@ -66,18 +68,24 @@ def add_rms_norm(x: jax.Array, delta: jax.Array | None, weight: jax.Array, eps: 
         raise ValueError(f"add_rms_norm: delta must match x ({x.shape}, {x.dtype}), got {delta.shape}, {delta.dtype}")
     if weight.shape != (e,):
         raise ValueError(f"add_rms_norm: weight must be [E]={(e,)}, got {weight.shape}")
-    return _add_rms_norm(x, delta, weight, eps=float(eps), interpret=interpret)
+    _check_warps(num_warps)
+    return _add_rms_norm(x, delta, weight, eps=float(eps), interpret=interpret, num_warps=num_warps)
 
 
-@functools.partial(jax.jit, static_argnames=("eps", "interpret"))
-def _add_rms_norm(x, delta, weight, eps: float, interpret: bool):
+def _check_warps(num_warps: int):
+    if num_warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"num_warps must be a power of two from 1 to 16, got {num_warps!r}")
+
+
+@functools.partial(jax.jit, static_argnames=("eps", "interpret", "num_warps"))
+def _add_rms_norm(x, delta, weight, eps: float, interpret: bool, num_warps: int):
     row = jax.ShapeDtypeStruct(x.shape, x.dtype)
     has_delta = delta is not None
     out = pl.pallas_call(
         functools.partial(_add_rms_norm_kernel, has_delta=has_delta, eps=eps),
         grid=(x.shape[0],),
         out_shape=[row, row] if has_delta else [row],
-        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
         interpret=interpret,
         name="hyquant_add_rms_norm",
     )(*((x, delta, weight) if has_delta else (x, weight)))
@@ -116,12 +124,13 @@ def _qk_norm_rope_kernel(*refs, kv_heads: int, norm: bool, eps: float):
 
 
 def qk_norm_rope(q: jax.Array, k: jax.Array, cos: jax.Array, sin: jax.Array, q_weight: jax.Array | None,
-                 k_weight: jax.Array | None, eps: float, interpret: bool = False):
+                 k_weight: jax.Array | None, eps: float, interpret: bool = False, num_warps: int = 1):
     """RoPE of one decode token's q and k, after their per-head RMSNorm when weights are given.
 
     q: [B, Hq, D], k: [B, Hkv, D] (Hkv <= Hq) of one float dtype; cos, sin: float32 [B, D] (HF layout,
     halves repeated); q_weight, k_weight: [D] both or neither. Returns (q, k) rotated, in their dtype:
     `apply_rope(rms_norm(x, weight, eps), cos, sin)` per head (`models.layers`). D must satisfy `fits`.
+    num_warps: warps of each (sequence, head) program (1: fastest at D=128 on the H200, see add_rms_norm).
     """
     b, hq, d = q.shape
     if k.ndim != 3 or k.shape[0] != b or k.shape[2] != d or not 1 <= k.shape[1] <= hq or k.dtype != q.dtype:
@@ -136,19 +145,20 @@ def qk_norm_rope(q: jax.Array, k: jax.Array, cos: jax.Array, sin: jax.Array, q_w
     for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
         if w is not None and w.shape != (d,):
             raise ValueError(f"qk_norm_rope: {name} must be [D]={(d,)}, got {w.shape}")
+    _check_warps(num_warps)
     return _qk_norm_rope(q, k, cos.astype(jnp.float32), sin.astype(jnp.float32), q_weight, k_weight,
-                         eps=float(eps), interpret=interpret)
+                         eps=float(eps), interpret=interpret, num_warps=num_warps)
 
 
-@functools.partial(jax.jit, static_argnames=("eps", "interpret"))
-def _qk_norm_rope(q, k, cos, sin, q_weight, k_weight, eps: float, interpret: bool):
+@functools.partial(jax.jit, static_argnames=("eps", "interpret", "num_warps"))
+def _qk_norm_rope(q, k, cos, sin, q_weight, k_weight, eps: float, interpret: bool, num_warps: int):
     norm = q_weight is not None
     weights = (q_weight, k_weight) if norm else ()
     q_out, k_out = pl.pallas_call(
         functools.partial(_qk_norm_rope_kernel, kv_heads=k.shape[1], norm=norm, eps=eps),
         grid=(q.shape[0], q.shape[1]),
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype)],
-        compiler_params=plgpu.CompilerParams(num_warps=1, num_stages=1),
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
         interpret=interpret,
         name="hyquant_qk_norm_rope",
     )(q, k, cos, sin, *weights)

@@ -149,3 +149,28 @@ def test_gpu_add_rms_norm(n, e, with_delta):
                                              (24, 64, 8, 128, True), (2, 9, 3, 64, False)])
 def test_gpu_qk_norm_rope(b, hq, hkv, d, norm):
     check_qk_norm_rope(rng(b + hq + d), b, hq, hkv, d, jnp.bfloat16, norm, interpret=False)
+
+
+def test_num_warps_is_checked_and_does_not_change_results():
+    gen = rng(5)
+    x = jnp.asarray(gen.standard_normal((2, 64)), jnp.bfloat16)
+    w = jnp.ones((64,), jnp.bfloat16)
+    with pytest.raises(ValueError, match="num_warps must be a power of two from 1 to 16"):
+        add_rms_norm(x, None, w, EPS, num_warps=3)
+    q, k = jnp.zeros((1, 4, 32), jnp.bfloat16), jnp.zeros((1, 2, 32), jnp.bfloat16)
+    with pytest.raises(ValueError, match="num_warps"):
+        qk_norm_rope(q, k, jnp.ones((1, 32)), jnp.ones((1, 32)), None, None, EPS, num_warps=32)
+    a = add_rms_norm(x, x, w, EPS, interpret=True, num_warps=1)
+    b = add_rms_norm(x, x, w, EPS, interpret=True, num_warps=16)
+    for u, v in zip(a, b):
+        np.testing.assert_array_equal(np.asarray(u, np.float32), np.asarray(v, np.float32))
+
+
+def test_warps_probe_smoke(tmp_path):
+    """benchmarks/norm_rope_probe.py runs end to end (tiny shapes, interpret mode) and checks what it times."""
+    from benchmarks.norm_rope_probe import main
+
+    result = main(["--smoke", "--out", str(tmp_path), "--name", "probe"])
+    assert (tmp_path / "probe.json").exists() and result["interpret"]
+    assert {r["kernel"] for r in result["rows"]} == {"add_rms_norm", "qk_norm_rope"}
+    assert all(r["max_rel_error"] < 2e-2 and r["us_per_call"] > 0 for r in result["rows"])
