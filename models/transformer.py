@@ -242,37 +242,31 @@ def forward(params: Params, tokens: jax.Array, ctx: PrefillContext | DecodeConte
     if mode == "auto":  # an implementation may opt out (ShardedAttention: XLA partitions the dense part)
         mode = getattr(attention, "layer_kernels", "auto")
     mode = layer_kernels(mode, ctx, config)
-    eps = config.rms_norm_eps
     cos, sin = rope_cos_sin(token_positions(ctx, b, t), config)
     x = params.embed[tokens]
-    if mode != "xla":
-        # x + delta and the next RMSNorm in one launch: the hidden state h arrives normalised.
-        def add_norm(x, delta, weight):
-            total, normed = add_rms_norm(x[:, 0], None if delta is None else delta[:, 0], weight, eps,
-                                         interpret=mode == "interpret")
-            return total[:, None], normed[:, None]
-
-        _, h = add_norm(x, None, params.layers[0].attn_norm)
+    # Every residual add is followed by the next RMSNorm (the last by the final norm), so the two run as one
+    # step: one launch with the kernels, the jnp ops otherwise.
+    x, h = _add_norm(x, None, params.layers[0].attn_norm, config.rms_norm_eps, mode)
     new_states = []
     for i, layer in enumerate(params.layers):
-        if mode == "xla":
-            h = rms_norm(x, layer.attn_norm, eps)
         attn_out, state = _attention_block(layer, i, h, cos, sin, states[i], ctx, config, attention, mode)
-        if mode == "xla":
-            x = x + attn_out
-            x = x + swiglu(rms_norm(x, layer.mlp_norm, eps), layer.w_gate, layer.w_up, layer.w_down)
-        else:
-            x, h = add_norm(x, attn_out, layer.mlp_norm)
-            nxt = params.layers[i + 1].attn_norm if i + 1 < config.num_layers else params.final_norm
-            x, h = add_norm(x, swiglu(h, layer.w_gate, layer.w_up, layer.w_down), nxt)
+        x, h = _add_norm(x, attn_out, layer.mlp_norm, config.rms_norm_eps, mode)
+        nxt = params.layers[i + 1].attn_norm if i + 1 < config.num_layers else params.final_norm
+        x, h = _add_norm(x, swiglu(h, layer.w_gate, layer.w_up, layer.w_down), nxt, config.rms_norm_eps, mode)
         new_states.append(state)
-    if mode != "xla":
-        x = h  # already through the final norm
     if output_index is not None:
-        x = jnp.take_along_axis(x, jnp.clip(output_index, 0, t - 1)[:, None, None].astype(jnp.int32), axis=1)[:, 0]
-    if mode != "xla":
-        return output_head(params, x), tuple(new_states)
-    return logits(params, x, config), tuple(new_states)
+        h = jnp.take_along_axis(h, jnp.clip(output_index, 0, t - 1)[:, None, None].astype(jnp.int32), axis=1)[:, 0]
+    return output_head(params, h), tuple(new_states)
+
+
+def _add_norm(x, delta, weight, eps: float, mode: str):
+    """(x + delta, rms_norm(x + delta, weight)) for hidden states [B, T, E]; delta None: (x, rms_norm(x))."""
+    if mode == "xla":
+        total = x if delta is None else x + delta
+        return total, rms_norm(total, weight, eps)
+    total, normed = add_rms_norm(x[:, 0], None if delta is None else delta[:, 0], weight, eps,
+                                 interpret=mode == "interpret")
+    return total[:, None], normed[:, None]
 
 
 def logits(params: Params, hidden: jax.Array, config: ModelConfig) -> jax.Array:
