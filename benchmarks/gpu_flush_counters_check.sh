@@ -10,6 +10,7 @@
 # gpu_overlay_ab.sh (e2e B=1 1K/32K for main, the cache-write GPU tests with the overlay, e2e for it).
 # PART=2: the overlay's copies and launches, then the layer kernels' GPU tests (norm/RoPE kernels and the
 # compiled decode step, not run since session 29's refactor). One log, flush_ab.log, for the compile runs.
+# Session 31 ran PART=1 only (the patch was slower); the layer tests ran in benchmarks/gpu_s31_checks.sh.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
