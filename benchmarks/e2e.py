@@ -21,7 +21,13 @@ one sequence's cache), not by running the
 prefill, so every prefix costs one decode compilation only. Each decode
 config runs --steps steps once to compile and warm up, then --reps timed
 loops of --steps steps; per-step time = median loop time / steps (inside
-jit, no dispatch gaps). The byte floor of a step is (weights read + KV cache
+jit, no dispatch gaps). A cache with a window ring (hyquant, KIVI, uniform)
+flushes each sequence's oldest block every block_size steps (64 for
+hyquant), and a step that flushes costs ~10 ms more at B=1 (Qwen3-8B shape,
+H200; benchmarks/NOTES.md, session 32): --steps should be a multiple of that
+period, so that every timed loop holds the same number of flushes and the
+median is the cost per step with the flushes amortized (a warning
+otherwise; `step_ms_mean` is the mean over all timed steps). The byte floor of a step is (weights read + KV cache
 bytes) / --bandwidth-tbs: weights are every parameter except the embedding
 table (only B rows of it are read); KV bytes are the cache's used bytes
 (bf16: 2 * layers * Hkv * D * 2 bytes per token).
@@ -274,6 +280,15 @@ def _states(attention, config, prefix, batch, max_len, seed=0, mesh=None):
     return tuple(states)
 
 
+def flush_period(attention) -> int | None:
+    """Steps between two window flushes of one sequence (the ring's block size), None without a ring."""
+    inner = getattr(attention, "inner", attention)
+    config = getattr(inner, "config", None)
+    if config is None or not hasattr(inner, "begin_decode_step"):
+        return None
+    return config.block_size
+
+
 def _decode_config(args, params, config, attention, method, prefix, batch, mesh=None):
     """Time the decode loop for one (prefix, batch); returns a result dict.
 
@@ -290,6 +305,10 @@ def _decode_config(args, params, config, attention, method, prefix, batch, mesh=
 
     check_batch_fits(batch, _data_size(mesh))
     steps = args.steps
+    period = flush_period(attention)
+    if period and steps % period:
+        print(f"warning: {method}: --steps {steps} is not a multiple of the window flush period ({period} steps); "
+              "timed loops then differ in their flushes and the median need not amortize them", flush=True)
     max_len = prefix + (args.reps + 1) * steps + 8
     states = _states(getattr(attention, "inner", attention), config, prefix, batch, max_len, mesh=mesh)
     lengths = _put(jnp.full((batch,), prefix, jnp.int32), mesh)
@@ -319,7 +338,8 @@ def _decode_config(args, params, config, attention, method, prefix, batch, mesh=
     del states, out
     gc.collect()
     return {"method": method, "prefix": prefix, "batch": batch, "step_ms": 1e3 * step_s,
-            "tokens_per_s": batch / step_s, "loop_seconds": times, "compile_and_warmup_s": compile_s,
+            "tokens_per_s": batch / step_s, "loop_seconds": times,
+            "step_ms_mean": 1e3 * sum(times) / (len(times) * steps), "flush_period_steps": period, "compile_and_warmup_s": compile_s,
             "devices": devices, "weights_bytes_read": int(weights), "kv_bytes_read": int(kv),
             "kv_bytes_read_per_device": int(kv / devices),
             "kv_bytes_per_sequence": int(kv / batch), "floor_ms": 1e3 * floor_s,

@@ -143,3 +143,19 @@ def test_bf16_slots_probe_attends_like_the_bf16_decode():
     ctx = DecodeContext(positions=pos, active=jnp.array([True]))
     ref, _ = BF16Attention(f32_probs=False).decode(0, q, k[:, :, 300], v[:, :, 300], KVBuffer(k, v), ctx)
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-6, atol=1e-6)
+
+
+def test_flush_period_is_the_ring_block_of_a_ring_cache():
+    """e2e.py's flush period: the block size of caches with a window ring, None for bf16, through a mesh."""
+    from benchmarks.e2e import flush_period
+    from hyquant_jax import make_attention
+    from hyquant_jax.sharding import ShardedAttention, make_mesh
+    from models import BF16Attention
+
+    assert flush_period(make_attention("hyquant")) == 64
+    assert flush_period(make_attention("kivi4")) == 32
+    assert flush_period(make_attention("uniform4")) == 16
+    assert flush_period(BF16Attention()) is None
+    mesh = make_mesh("data=1,model=1")
+    assert flush_period(ShardedAttention(make_attention("hyquant"), mesh)) == 64
+    assert flush_period(ShardedAttention(BF16Attention(), mesh)) is None
