@@ -23,11 +23,12 @@ config runs --steps steps once to compile and warm up, then --reps timed
 loops of --steps steps; per-step time = median loop time / steps (inside
 jit, no dispatch gaps). A cache with a window ring (hyquant, KIVI, uniform)
 flushes each sequence's oldest block every block_size steps (64 for
-hyquant), and a step that flushes costs ~10 ms more at B=1 (Qwen3-8B shape,
-H200; benchmarks/NOTES.md, session 32): --steps should be a multiple of that
-period, so that every timed loop holds the same number of flushes and the
-median is the cost per step with the flushes amortized (a warning
-otherwise; `step_ms_mean` is the mean over all timed steps). The byte floor of a step is (weights read + KV cache
+hyquant); with --steps 32, one of hyquant's three B=1 loops was 0.3-0.5 ms
+a step slower than the others on the H200 (most likely the loop with the
+flush; benchmarks/NOTES.md, session 32), and the median drops it. So
+--steps should be a multiple of that period: every timed loop then holds
+the same number of flushes (a warning otherwise; `step_ms_mean` is the
+mean over all timed steps). The byte floor of a step is (weights read + KV cache
 bytes) / --bandwidth-tbs: weights are every parameter except the embedding
 table (only B rows of it are read); KV bytes are the cache's used bytes
 (bf16: 2 * layers * Hkv * D * 2 bytes per token).
@@ -339,7 +340,8 @@ def _decode_config(args, params, config, attention, method, prefix, batch, mesh=
     gc.collect()
     return {"method": method, "prefix": prefix, "batch": batch, "step_ms": 1e3 * step_s,
             "tokens_per_s": batch / step_s, "loop_seconds": times,
-            "step_ms_mean": 1e3 * sum(times) / (len(times) * steps), "flush_period_steps": period, "compile_and_warmup_s": compile_s,
+            "step_ms_mean": 1e3 * sum(times) / (len(times) * steps), "flush_period_steps": period,
+            "compile_and_warmup_s": compile_s,
             "devices": devices, "weights_bytes_read": int(weights), "kv_bytes_read": int(kv),
             "kv_bytes_read_per_device": int(kv / devices),
             "kv_bytes_per_sequence": int(kv / batch), "floor_ms": 1e3 * floor_s,
