@@ -21,14 +21,14 @@ one sequence's cache), not by running the
 prefill, so every prefix costs one decode compilation only. Each decode
 config runs --steps steps once to compile and warm up, then --reps timed
 loops of --steps steps; per-step time = median loop time / steps (inside
-jit, no dispatch gaps). A cache with a window ring (hyquant, KIVI, uniform)
-flushes each sequence's oldest block every block_size steps (64 for
-hyquant); with --steps 32, one of hyquant's three B=1 loops was 0.3-0.5 ms
-a step slower than the others on the H200 (most likely the loop with the
-flush; benchmarks/NOTES.md, session 32), and the median drops it. So
---steps should be a multiple of that period: every timed loop then holds
-the same number of flushes (a warning otherwise; `step_ms_mean` is the
-mean over all timed steps). The byte floor of a step is (weights read + KV cache
+jit, no dispatch gaps). The median leaves out a once-per-call cost: on the
+H200, hyquant's first timed call at 32K and 128K runs 0.3-0.5 ms a step
+slower than the next ones (benchmarks/NOTES.md, session 32); `step_ms_mean`,
+the mean over all timed steps, keeps it. A cache with a window ring
+(hyquant, KIVI, uniform) flushes each sequence's oldest block every
+block_size steps (64 for hyquant): --steps should be a multiple of that, so
+that every timed loop holds the same number of flushes (a warning
+otherwise). The byte floor of a step is (weights read + KV cache
 bytes) / --bandwidth-tbs: weights are every parameter except the embedding
 table (only B rows of it are read); KV bytes are the cache's used bytes
 (bf16: 2 * layers * Hkv * D * 2 bytes per token).
