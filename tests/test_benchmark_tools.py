@@ -159,3 +159,21 @@ def test_flush_period_is_the_ring_block_of_a_ring_cache():
     mesh = make_mesh("data=1,model=1")
     assert flush_period(ShardedAttention(make_attention("hyquant"), mesh)) == 64
     assert flush_period(ShardedAttention(BF16Attention(), mesh)) is None
+
+
+def test_flush_cond_probe_variants():
+    """The probe's variants: the same attention but without the ring flush (its once-per-step work returns
+    the states untouched), then also without ring scores; the first is timed again last."""
+    from benchmarks.flush_cond_probe import NoFlushAttention, variants
+    from hyquant_jax import HyQuantConfig
+    from hyquant_jax.model_attention import HybridAttention
+
+    base = HybridAttention(HyQuantConfig(window=32, block_size=16, prefill_block=16), backend="reference")
+    named = dict(variants(base))
+    assert [n for n, _ in variants(base)] == ["hyquant", "no_flush", "no_flush_no_ring_scores", "hyquant_again"]
+    assert named["hyquant"] is base and named["hyquant_again"] is base
+    no_flush, no_scores = named["no_flush"], named["no_flush_no_ring_scores"]
+    assert isinstance(no_flush, NoFlushAttention) and no_flush.config == base.config
+    assert no_flush.backend == base.backend and no_scores.config.promote_flushed is False
+    states = (object(),)
+    assert no_flush.begin_decode_step(states, None) is states
