@@ -7,10 +7,10 @@ flush ever, `append(flush=False)`), then also without ring scores (`promote_flus
 no `accumulate_ring_scores`), then as it runs again (the spread). bf16 runs first as the yardstick.
 
 "no_flush" removes more than the per-step branch: the flushes themselves (one per sequence every block_size =
-64 steps) and the flush code from the compiled loop. Session 32 took out the branch alone
-(`results/decode_runs_of_steps.patch`: the branch only before the steps that need it, flushes kept) and
-measured no gain on another machine, so most of this probe's difference is not the branch as such
-(benchmarks/NOTES.md, session 32).
+64 steps) and the flush code from the compiled loop. Session 32 took out the branch alone (the branch only
+before the steps that need it, flushes kept: `steps_until_begin`, on main since session 33, so "hyquant" here
+now runs that way) and measured no gain on another machine under XLA's LHS scheduling, so most of this
+probe's difference was not the branch as such (benchmarks/NOTES.md, session 32).
 
 A measurement only: without the flush the ring overfills after its free slots (the e2e loop appends
 (reps + 1) x steps tokens) and attention reads stale ring slots, so the outputs are meaningless; the work
@@ -36,6 +36,10 @@ from hyquant_jax.model_attention import HybridAttention  # noqa: E402
 @dataclasses.dataclass(frozen=True)
 class NoFlushAttention(HybridAttention):
     """HybridAttention whose once-per-step ring flush does nothing (see the module docstring)."""
+
+    # No flush ever empties a ring: `generate.decode` is to call the (empty) begin every step rather than count
+    # the steps until a flush (the count would stay at 1 once a ring is full).
+    steps_until_begin = None
 
     def begin_decode_step(self, states: tuple, ctx) -> tuple:
         return states

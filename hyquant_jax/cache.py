@@ -500,6 +500,14 @@ def flush_full_rings(caches: tuple[HybridKVCache, ...], config: HyQuantConfig, a
     )
 
 
+def steps_until_full(caches: tuple[HybridKVCache, ...], config: HyQuantConfig, active: jax.Array) -> jax.Array:
+    """Decode steps that every active sequence can append before its window ring is full: int32 [], the
+    minimum of ring_size - ring_len over the caches and the active sequences (ring_size with none active;
+    at least 1). After `flush_full_rings`, `append(flush=False)` is valid for that many steps in a row."""
+    room = jnp.stack([jnp.where(active, config.ring_size - c.ring_len, config.ring_size) for c in caches])
+    return jnp.maximum(jnp.min(room), 1).astype(jnp.int32)
+
+
 @partial(jax.jit, static_argnames=("config", "flush", "ring_writer"))
 def _append(cache: HybridKVCache, k, v, active, config: HyQuantConfig, flush: bool = True,
             ring_writer: str = "jnp") -> HybridKVCache:

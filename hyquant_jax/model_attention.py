@@ -47,6 +47,7 @@ from hyquant_jax.cache import (
     freeze,
     low_bit_valid,
     ring_valid,
+    steps_until_full,
     vl_valid,
 )
 from hyquant_jax.config import HyQuantConfig
@@ -109,8 +110,22 @@ def _check_backend(name: str, value: str) -> None:
         raise ValueError(f"{name} must be one of {BACKENDS}, got {value!r}")
 
 
+class RingFlushing:
+    """The once-per-step work of an attention over `HybridKVCache`s (a `config` attribute): flush the full
+    window rings of all layers under one branch before a step, and say for how many steps no ring fills, so
+    that `hyquant_jax.generate.decode` runs those steps without the branch (see `steps_until_begin`)."""
+
+    def begin_decode_step(self, states: tuple, ctx: DecodeContext) -> tuple:
+        """Flush every full window ring of all layers under one branch (see `flush_full_rings`)."""
+        return flush_full_rings(states, self.config, ctx.active)
+
+    def steps_until_begin(self, states: tuple, ctx: DecodeContext) -> jax.Array:
+        """Decode steps from now that need no flush (`steps_until_full`), called after `begin_decode_step`."""
+        return steps_until_full(states, self.config, ctx.active)
+
+
 @dataclasses.dataclass(frozen=True)
-class HybridAttention:
+class HybridAttention(RingFlushing):
     """HyQuant attention for `models.forward` (see module docstring).
 
     config: the HyQuant settings. backend: decode-attention backend;
@@ -157,16 +172,12 @@ class HybridAttention:
         return decode_step(q, k.astype(dt), v.astype(dt), cache, self.config, backend=self.backend,
                            active=ctx.active, flush=not ctx.prepared)
 
-    def begin_decode_step(self, states: tuple, ctx: DecodeContext) -> tuple:
-        """Flush every full window ring of all layers under one branch (see `flush_full_rings`)."""
-        return flush_full_rings(states, self.config, ctx.active)
-
     def used_bytes(self, cache: HybridKVCache, lengths=None) -> np.ndarray:
         return cache.used_bytes(self.config)
 
 
 @dataclasses.dataclass(frozen=True)
-class QuantizedCacheAttention:
+class QuantizedCacheAttention(RingFlushing):
     """Dequantize-then-attend baseline over a `HybridKVCache` with rho = 0 (see module docstring).
 
     config: bits, scheme, window and block of the quantized cache; rho must
@@ -211,10 +222,6 @@ class QuantizedCacheAttention:
         cache = append(cache, k.astype(dt), v.astype(dt), self.config, active=ctx.active, flush=not ctx.prepared)
         f32 = BF16Attention(f32_probs=self.f32_probs)._f32()
         return dequantized_attention(q, cache, self.config, f32_probs=f32), cache
-
-    def begin_decode_step(self, states: tuple, ctx: DecodeContext) -> tuple:
-        """Flush every full window ring of all layers under one branch (see `flush_full_rings`)."""
-        return flush_full_rings(states, self.config, ctx.active)
 
     def used_bytes(self, cache: HybridKVCache, lengths=None) -> np.ndarray:
         return cache.used_bytes(self.config)

@@ -446,6 +446,12 @@ class ShardedAttention:
                             check_vma=self._vma())
         return run(states, ctx)
 
+    def steps_until_begin(self, states: tuple, ctx: DecodeContext):
+        """The inner implementation's count (`models.attention.steps_until_begin`), None without one. It reads
+        per-sequence counters only, so it runs on the global arrays: the minimum spans every shard."""
+        until = getattr(self.inner, "steps_until_begin", None)
+        return None if until is None else until(states, ctx)
+
     def used_bytes(self, state, lengths=None) -> np.ndarray:
         return self.inner.used_bytes(state, lengths)
 

@@ -27,9 +27,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hyquant_jax.cache import HybridKVCache, accumulate_ring_scores, append, flush_full_rings, freeze
+from hyquant_jax.cache import HybridKVCache, accumulate_ring_scores, append, freeze
 from hyquant_jax.causal_chunks import map_causal_chunks
 from hyquant_jax.config import HyQuantConfig
+from hyquant_jax.model_attention import RingFlushing
 from hyquant_jax.reference import check_prefill_shapes, hybrid_decode_attention_reference, softmax_attend, vl_mask
 from hyquant_jax.vti import tail_queries, tail_query_count, vertical_token_identification
 from models.attention import DecodeContext, PrefillContext
@@ -97,7 +98,7 @@ def sparse_prefill_attention(q, k, v, lengths, config: HyQuantConfig, scale: flo
 
 
 @dataclasses.dataclass(frozen=True)
-class VerticalSparseAttention:
+class VerticalSparseAttention(RingFlushing):
     """Vertical-only sparse attention for `models.forward` (see module docstring).
 
     config: window, rho, block_size and VL promotion as in HyQuant (the bit
@@ -130,10 +131,6 @@ class VerticalSparseAttention:
         cache = append(cache, k.astype(dt), v.astype(dt), self.config, active=ctx.active, flush=not ctx.prepared)
         out, lse = vertical_sparse_decode_reference(q, cache, self.config)
         return out, accumulate_ring_scores(cache, q, lse, self.config)
-
-    def begin_decode_step(self, states: tuple, ctx: DecodeContext) -> tuple:
-        """Flush every full window ring of all layers under one branch (see `flush_full_rings`)."""
-        return flush_full_rings(states, self.config, ctx.active)
 
     def used_bytes(self, cache: HybridKVCache, lengths=None) -> np.ndarray:
         """Bytes of the kept tokens only (VL + window ring), int64 [B]."""

@@ -11,7 +11,8 @@ Life of a state, per layer (driven by `hyquant_jax.generate`):
     state = attn.prefill_state(config, batch, prompt_len, max_len, dtype, whole)
     out, state = attn.prefill(layer, q, k, v, state, ctx)   # per prompt chunk
     state = attn.finish_prefill(layer, state, ctx)          # after the last chunk
-    states, step = begin_decode_step(attn, states, step)    # per decode step, all layers
+    states, step = begin_decode_step(attn, states, step)    # before a decode step, all layers
+    n = steps_until_begin(attn, states, step)               # optional: n steps need no begin_decode_step
     out, state = attn.decode(layer, q, k, v, state, step)   # per decode step, per layer
 
 Implementations are frozen dataclasses (hashable: static under `jax.jit`);
@@ -92,7 +93,9 @@ class Attention(Protocol):
         """q [B, Hq, D], k, v [B, Hkv, D] -> (out [B, Hq, D], state with k, v appended)."""
 
     # Optional: `begin_decode_step(self, states: tuple, ctx) -> states`, work done once per decode
-    # step for all layers together before the layers' `decode` calls (see `begin_decode_step`).
+    # step for all layers together before the layers' `decode` calls (see `begin_decode_step`), and
+    # `steps_until_begin(self, states, ctx) -> int32 []`: how many steps from now need no such work
+    # (see `steps_until_begin`).
 
     def used_bytes(self, state: Any, lengths) -> "np.ndarray":
         """Host-side: bytes per sequence (int64 [B]) that one layer's decode state uses
@@ -111,6 +114,20 @@ def begin_decode_step(attention, states: tuple, ctx: DecodeContext) -> tuple[tup
     if begin is None:
         return states, ctx
     return begin(states, ctx), dataclasses.replace(ctx, prepared=True)
+
+
+def steps_until_begin(attention, states: tuple, ctx: DecodeContext) -> jax.Array | None:
+    """How many decode steps, this one included, may run with ctx.prepared=True and no further
+    `begin_decode_step`: int32 [] >= 1, from the implementation's optional `steps_until_begin`, called on
+    the states `begin_decode_step` returned; None when the implementation has no such method (then the
+    decode loop calls `begin_decode_step` before every step).
+
+    The hybrid cache's once-per-step work is a branch that flushes the full window rings; a ring fills
+    once per block of steps, so a decode loop that asks this after each flush runs the steps in between
+    without the branch (`hyquant_jax.generate.decode`).
+    """
+    until = getattr(attention, "steps_until_begin", None)
+    return None if until is None else until(states, ctx)
 
 
 # --------------------------------------------------------------------------- shared math

@@ -177,3 +177,7 @@ def test_flush_cond_probe_variants():
     assert no_flush.backend == base.backend and no_scores.config.promote_flushed is False
     states = (object(),)
     assert no_flush.begin_decode_step(states, None) is states
+    # and the decode loop calls that every step instead of counting steps until a flush that never comes
+    from models.attention import steps_until_begin
+
+    assert steps_until_begin(no_flush, states, None) is None

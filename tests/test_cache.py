@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import oracle
 from hq_helpers import Harness, config, j32, ji32, normal, region_ids, rng, with_ring_score
 from hyquant_jax.cache import (accumulate_ring_scores, append, capacities, flush_full_rings, freeze,
-                               worst_history)
+                               steps_until_full, worst_history)
 from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.reference import hybrid_decode_attention_reference
 
@@ -364,6 +364,29 @@ def test_flush_full_rings_then_append_equals_self_flushing_append(promote):
                 np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     for h in layers:
         h.check()
+
+
+def test_steps_until_full_is_the_smallest_room_of_an_active_ring():
+    """min over layers and active sequences of ring_size - ring_len; inactive rings and full-ring
+    bookkeeping: after flush_full_rings that many appends without a flush are valid, one more is not."""
+    cfg = config(window=32, block_size=16, rho=0.1)
+    h = Harness(rng(31), cfg, 3, 2, 1, 48, 64, [40, 23, 47], 160)
+    for _ in range(5):
+        h.append()
+    caches = (h.cache, h.cache)
+    room = cfg.ring_size - np.asarray(h.cache.ring_len)
+    for active in ([True, True, True], [False, True, True], [True, False, False]):
+        act = jnp.asarray(active)
+        assert int(steps_until_full(caches, cfg, act)) == room[np.asarray(active)].min()
+    assert int(steps_until_full(caches, cfg, jnp.zeros(3, bool))) == cfg.ring_size
+    cache = flush_full_rings((h.cache,), cfg, jnp.ones(3, bool))[0]
+    n = int(steps_until_full((cache,), cfg, jnp.ones(3, bool)))
+    assert n >= 1
+    zeros = jnp.zeros((3, 2, cache.head_dim), cache.dtype)
+    for _ in range(n):
+        cache = append(cache, zeros, zeros, cfg, flush=False)  # raises if a ring were full
+    with pytest.raises(ValueError, match="flush_full_rings"):
+        append(cache, zeros, zeros, cfg, flush=False)
 
 
 def test_append_without_flush_rejects_a_full_ring():

@@ -179,6 +179,50 @@ def test_decode_donates_the_cache(params, prompts):
     assert all(x.is_deleted() for x in leaves)
 
 
+@dataclasses.dataclass(frozen=True)
+class _FlushEveryStep(HybridAttention):
+    """HybridAttention as a decode loop without `steps_until_begin` sees it: the flush branch every step."""
+
+    steps_until_begin = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _KiviFlushEveryStep(type(make_attention("kivi4"))):
+    steps_until_begin = None
+
+
+@pytest.mark.parametrize("kind", ["hyquant", "kivi4"])
+def test_runs_of_steps_equal_a_flush_check_every_step(params, prompts, kind):
+    """decode's inner loop between ring flushes gives the same tokens, counts, steps and final states, bit
+    for bit, as the flush branch before every step: ragged prompts (rings at different phases), several
+    flushes per sequence (16-slot blocks, 40 steps), and a sequence that stops at EOS mid-run."""
+    if kind == "hyquant":
+        runs, every = HybridAttention(SMALL_HQ, backend="reference"), _FlushEveryStep(SMALL_HQ, backend="reference")
+    else:  # KIVI's ring holds 128-160 tokens: prompts long enough to flush during decode
+        runs = make_attention("kivi4")
+        every = _KiviFlushEveryStep(runs.config, runs.cache_dtype, runs.name, runs.f32_probs)
+        prompts = [prompts[1] * 2, prompts[0] * 3, prompts[1] + prompts[2]]
+    tokens, lengths = pad_prompts(prompts)
+    key = jax.random.PRNGKey(3)
+    free = _run(params, prompts, runs, n=40)
+    eos = (int(free.tokens[0, 21]),)  # the first sequence stops there (or earlier), the others may go on
+    for eos_ids in ((), eos):
+        results = []
+        for attn in (runs, every):
+            static = dict(config=CONFIG, attention=attn, sampling=SamplingConfig())
+            first, _, states = prefill(params, jnp.asarray(tokens), jnp.asarray(lengths), key, chunk=2048,
+                                       max_len=tokens.shape[1] + 48, **static)
+            results.append(decode(params, states, first, jnp.asarray(lengths), key, max_new_tokens=40,
+                                  eos_ids=eos_ids, pad_id=0, **static))
+        (out, count, states, pos, steps), (out2, count2, states2, pos2, steps2) = results
+        assert np.array_equal(out, out2) and np.array_equal(count, count2) and np.array_equal(pos, pos2)
+        assert int(steps) == int(steps2)
+        assert int(states[0].num_pages.max()) > 0  # blocks were flushed during decode
+        for a, b in zip(jax.tree_util.tree_leaves(states), jax.tree_util.tree_leaves(states2)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert int(count[0]) < 40  # the EOS run stopped the first sequence early
+
+
 def test_generate_errors(params, prompts):
     attn = BF16Attention()
     with pytest.raises(ValueError, match="max_new_tokens"):
@@ -208,3 +252,17 @@ def test_prefill_compiler_options():
     with pytest.raises(Exception, match="not a valid enum value"):
         jax.jit(lambda a: a * 3, compiler_options={"xla_gpu_enable_command_buffer": "FUSION,NOT_A_KIND"})(x)
     assert prefill_compiler_options("--xla_gpu_enable_command_buffer= --xla_dump_to=/tmp") == {}
+
+
+def test_decode_compiler_options():
+    """decode's scheduling mode is a valid XLA enum value (checked at compile time, also on CPU); an
+    XLA_FLAGS setting of the same option wins."""
+    from hyquant_jax.generate import decode_compiler_options
+
+    options = decode_compiler_options("--xla_dump_to=/tmp")
+    assert options == {"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}
+    x = jnp.arange(4.0)
+    np.testing.assert_array_equal(jax.jit(lambda a: a * 2, compiler_options=options)(x), x * 2)
+    with pytest.raises(Exception, match="not a valid enum value"):
+        jax.jit(lambda a: a * 3, compiler_options={"xla_gpu_command_buffer_scheduling_mode": "CONCURRENTLY"})(x)
+    assert decode_compiler_options("--xla_gpu_command_buffer_scheduling_mode=LHS") == {}
