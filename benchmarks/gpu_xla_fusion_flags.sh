@@ -12,8 +12,6 @@
 set -u
 OUT=${OUT:-/tmp/out}
 NAME=${NAME:-xla_fusion_flags_h200}
-mkdir -p "$OUT/flags"
-export PYTHONPATH=. PYTHONUNBUFFERED=1
 if [ -n "${VARIANTS+x}" ]; then
   mapfile -t VARIANTS <<< "$VARIANTS"
 else
@@ -27,30 +25,11 @@ else
     ""
   )
 fi
-for i in "${!VARIANTS[@]}"; do
-  XLA_FLAGS="${VARIANTS[$i]}" timeout ${RUN_LIMIT:-100} python3 benchmarks/e2e.py --out "$OUT/flags" --name "v$i" \
-      --sections b1 --methods ${METHODS:-bf16} --prefixes ${PREFIXES:-1024} --steps 32 --reps 3 --no-plot \
-      ${E2E_ARGS:-} >> "$OUT/$NAME.log" 2>&1
-  echo "v$i rc=$? flags='${VARIANTS[$i]}'"; grep -A6 "^B=1" "$OUT/$NAME.log" | tail -6
-done
-python3 - "$OUT" "$NAME" "${VARIANTS[@]}" <<'PY'
-import json, os, sys
-out, name, variants = sys.argv[1], sys.argv[2], sys.argv[3:]
-rows = []
-for i, flags in enumerate(variants):
-    path = os.path.join(out, "flags", f"v{i}.json")
-    entry = {"variant": i, "xla_flags": flags}
-    if os.path.exists(path):
-        d = json.load(open(path))
-        entry["b1"] = d["b1"]
-        entry["environment"] = d["environment"]
-    else:
-        entry["error"] = f"no JSON (see {name}.log)"
-    rows.append(entry)
-json.dump({"note": "e2e.py b1, one process per XLA_FLAGS variant, same call", "variants": rows},
-          open(os.path.join(out, f"{name}.json"), "w"), indent=1)
-PY
-rm -rf "$OUT/flags"
+# The runs and the merged JSON: gpu_e2e_variants.sh, every variant on the working tree with the same methods.
+LINES=$(for flags in "${VARIANTS[@]}"; do echo ".|${METHODS:-bf16}|$flags"; done)
+OUT="$OUT" NAME="$NAME" VARIANTS="$LINES" E2E_ARGS="${E2E_ARGS:-}" PREFIXES=${PREFIXES:-1024} STEPS=32 REPS=3 RUN_LIMIT=${RUN_LIMIT:-100} \
+  bash "$(dirname "$0")/gpu_e2e_variants.sh"
+export PYTHONPATH=. PYTHONUNBUFFERED=1
 if [ "${HLO:-0}" = 1 ]; then
   timeout ${HLO_LIMIT:-150} python3 benchmarks/decode_hlo_copies.py --out "$OUT" --name decode_hlo_copies_h200 \
       > "$OUT/decode_hlo_copies_h200.log" 2>&1
