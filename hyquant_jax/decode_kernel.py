@@ -202,19 +202,27 @@ def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, interpret: 
             f"{cache.num_kv_heads}, got {q.shape}"
         )
     check_cache(cache, config)
-    mosaic = use_mosaic_low_bit(cache, config, hq, tuning, interpret)
-    lay = decode_layout(cache, config, hq, tuning, low_bit_elsewhere=mosaic, ring_logits=ring_logits)
+    lay, num_warps, num_stages, mosaic_launch = decode_plan(cache, config, hq, tuning, interpret, ring_logits)
+    return _run(q, cache, lay, scale if scale is not None else 1.0 / math.sqrt(d), num_warps, num_stages,
+                interpret, mosaic_launch)
+
+
+def decode_plan(cache: HybridKVCache, config: HyQuantConfig, q_heads: int, tuning: DecodeTuning = DecodeTuning(),
+                interpret: bool = False, ring_logits: bool = False):
+    """The launches of `decode_attention` (static): (Triton layout, its num_warps, num_stages, and the Mosaic
+    low-bit launch (splits, stages) or None when the Triton kernel scans the low-bit pages too)."""
+    mosaic = use_mosaic_low_bit(cache, config, q_heads, tuning, interpret)
+    lay = decode_layout(cache, config, q_heads, tuning, low_bit_elsewhere=mosaic, ring_logits=ring_logits)
     num_warps, num_stages = tuning.launch()
     mosaic_launch = None
     if mosaic:
         from pallas_kernels.decode_mgpu import default_splits
 
         pages = cache.page_count.shape[1]
-        splits = tuning.mosaic_splits or default_splits(b, cache.num_kv_heads, pages, sms=tuning.sm_count,
-                                                        per_sm=tuning.mosaic_blocks_per_sm)
+        splits = tuning.mosaic_splits or default_splits(cache.batch, cache.num_kv_heads, pages,
+                                                        sms=tuning.sm_count, per_sm=tuning.mosaic_blocks_per_sm)
         mosaic_launch = (splits, tuning.mosaic_stages)
-    return _run(q, cache, lay, scale if scale is not None else 1.0 / math.sqrt(d), num_warps, num_stages,
-                interpret, mosaic_launch)
+    return lay, num_warps, num_stages, mosaic_launch
 
 
 def _mosaic_low_bit(q, cache: HybridKVCache, scale: float, splits: int, stages: int):
@@ -228,13 +236,15 @@ def _mosaic_low_bit(q, cache: HybridKVCache, scale: float, splits: int, stages: 
     return decode_mgpu.natural_splits(o, m, l)
 
 
-@jax.jit(static_argnames=("lay", "scale", "num_warps", "num_stages", "interpret", "mosaic_launch"))
-def _run(q, cache: HybridKVCache, lay: DecodeLayout, scale, num_warps, num_stages, interpret, mosaic_launch=None):
+def triton_splits(q, cache: HybridKVCache, lay: DecodeLayout, scale, num_warps, num_stages, interpret):
+    """The Triton kernel's splits over the regions `lay` gives it. q: [B, Hq, D].
+
+    Returns (o f32 [B, H, NS, rows, D], m, l f32 [B, H, NS, rows], ring logits f32 [B, H, rows, ring_size] or
+    None without `lay.ring_logits`)."""
     b, hq, d = q.shape
     h = lay.kv_heads
     qg = (q.astype(jnp.float32) * scale).reshape(b, h, lay.group, d)
     qg = jnp.pad(qg, ((0, 0), (0, 0), (0, lay.rows - lay.group), (0, 0))).astype(jnp.bfloat16)
-    low = None if mosaic_launch is None else _mosaic_low_bit(q, cache, scale, *mosaic_launch)
     unused = jnp.zeros((1,), jnp.bfloat16)
     o, m, l, *ring = hybrid_decode_splits(
         qg, cache.k_codes,
@@ -247,9 +257,17 @@ def _run(q, cache: HybridKVCache, lay: DecodeLayout, scale, num_warps, num_stage
         cache.ring_k, cache.ring_v, cache.ring_start, cache.ring_len,
         lay=lay, num_warps=num_warps, num_stages=num_stages, interpret=interpret,
     )
+    return o, m, l, (ring[0] if ring else None)
+
+
+@jax.jit(static_argnames=("lay", "scale", "num_warps", "num_stages", "interpret", "mosaic_launch"))
+def _run(q, cache: HybridKVCache, lay: DecodeLayout, scale, num_warps, num_stages, interpret, mosaic_launch=None):
+    b, hq, d = q.shape
+    low = None if mosaic_launch is None else _mosaic_low_bit(q, cache, scale, *mosaic_launch)
+    o, m, l, ring = triton_splits(q, cache, lay, scale, num_warps, num_stages, interpret)
     if low is not None:
         o, m, l = (jnp.concatenate([x, y], axis=2) for x, y in zip(low, (o, m, l)))
     out, lse = merge_splits(o, m, l, lay.group)
     if lay.ring_logits:
-        return out.astype(q.dtype), lse, ring[0][:, :, :lay.group].reshape(b, hq, lay.ring_size)
+        return out.astype(q.dtype), lse, ring[:, :, :lay.group].reshape(b, hq, lay.ring_size)
     return out.astype(q.dtype), lse

@@ -181,3 +181,50 @@ def test_flush_cond_probe_variants():
     from models.attention import steps_until_begin
 
     assert steps_until_begin(no_flush, states, None) is None
+
+
+def test_step_ablation_probe_variants_leave_out_what_they_say():
+    """The ablation probe's variants: bf16 and hybrid attentions whose decode returns q as the attention
+    output, with or without storing the step's k, v; the structure variants run in one flat loop or in
+    nested ones; the full hybrid variant is the library's attention itself."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from benchmarks import step_ablation_probe as probe
+    from hyquant_jax import HyQuantConfig, freeze
+    from hyquant_jax.model_attention import HybridAttention
+    from models import KVBuffer
+    from models.attention import DecodeContext, steps_until_begin
+
+    hq = HyQuantConfig(window=32, block_size=16, prefill_block=16)
+    base = HybridAttention(hq, backend="reference")
+    made = {n: probe.attention_for(n, base) for n in probe.DEFAULT_VARIANTS}
+    assert made["hyquant"] is base
+    assert made["static"].skip == ("append", "attention", "ring_scores")
+    assert steps_until_begin(made["static_flat"], (), None) is None
+    assert made["static"].steps_until_begin.__func__ is HybridAttention.steps_until_begin  # nested runs
+    with pytest.raises(ValueError, match="unknown variant"):
+        probe.attention_for("nope", base)
+
+    b, h, g, d, s = 1, 2, 2, 16, 64
+    key = jax.random.split(jax.random.PRNGKey(0), 4)
+    q = jax.random.normal(key[0], (b, h * g, d), jnp.float32)
+    k, v = (jax.random.normal(x, (b, h, d), jnp.float32) for x in key[1:3])
+    ctx = DecodeContext(jnp.array([5], jnp.int32), jnp.array([True]), prepared=True)
+    buf = KVBuffer(jnp.zeros((b, h, s, d)), jnp.zeros((b, h, s, d)))
+    out, written = made["bf16_write_only"].decode(0, q, k, v, buf, ctx)
+    assert out is q and np.array_equal(written.k[:, :, 5], k) and float(jnp.abs(written.k).sum()) > 0
+    out, kept = made["bf16_static"].decode(0, q, k, v, buf, ctx)
+    assert out is q and kept is buf
+
+    prompt = jax.random.normal(key[3], (b, h, 40, d), jnp.float32)
+    cache = freeze(prompt, prompt, jnp.array([40], jnp.int32), None, hq, 64, vl=(jnp.zeros((b, h, 1), jnp.int32),
+                                                                              jnp.ones((b,), jnp.int32)))
+    out, same = made["static"].decode(0, q, k, v, cache, ctx)
+    assert out is q and same is cache
+    out, grown = made["append_only"].decode(0, q, k, v, cache, ctx)
+    assert out is q and int(grown.length[0]) == 41
+    full, _ = base.decode(0, q, k, v, cache, ctx)
+    scored, _ = made["no_ring_scores"].decode(0, q, k, v, cache, ctx)
+    np.testing.assert_array_equal(np.asarray(full), np.asarray(scored))  # same attention, no score update
