@@ -22,6 +22,7 @@ Capacities are static: `max_len` tokens per sequence, checked on the host.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import time
@@ -92,6 +93,28 @@ def _layer_states(attention, config, batch, prompt_len, max_len, dtype, whole):
                  for _ in range(config.num_layers))
 
 
+class _TopLevelJit:
+    """`jax.jit(fn, compiler_options=..., **kwargs)` when called at the top level; inside a caller's trace a
+    plain `jax.jit(fn, **kwargs)`, since JAX accepts compiler options on top-level jits only (the caller's
+    program is compiled with its own options). `lower` lowers the top-level one."""
+
+    def __init__(self, fn, compiler_options: dict, **kwargs):
+        self.top = jax.jit(fn, compiler_options=compiler_options, **kwargs)
+        self.nested = jax.jit(fn, **kwargs)
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args, **kwargs):
+        traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs)))
+        return (self.nested if traced else self.top)(*args, **kwargs)
+
+    def lower(self, *args, **kwargs):
+        return self.top.lower(*args, **kwargs)
+
+
+def _jit_with_options(compiler_options: dict, **kwargs):
+    return lambda fn: _TopLevelJit(fn, compiler_options, **kwargs)
+
+
 def prefill_compiler_options(xla_flags: str) -> dict[str, str]:
     """XLA options of the jitted `prefill`: command buffers (CUDA graphs) without custom calls.
 
@@ -106,8 +129,8 @@ def prefill_compiler_options(xla_flags: str) -> dict[str, str]:
     return {"xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUDNN,DYNAMIC_SLICE_FUSION"}
 
 
-@partial(jax.jit, static_argnames=("config", "attention", "sampling", "chunk", "max_len", "min_length"),
-         compiler_options=prefill_compiler_options(os.environ.get("XLA_FLAGS", "")))
+@_jit_with_options(prefill_compiler_options(os.environ.get("XLA_FLAGS", "")),
+                   static_argnames=("config", "attention", "sampling", "chunk", "max_len", "min_length"))
 def prefill(params: Params, tokens: jax.Array, lengths: jax.Array, key: jax.Array, *, config: ModelConfig,
             attention, sampling: SamplingConfig, chunk: int, max_len: int, min_length: int = 0):
     """Prompts -> (first sampled token int32 [B], logits float32 [B, V], decode states).
@@ -163,9 +186,9 @@ def decode_compiler_options(xla_flags: str) -> dict[str, str]:
     return {"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}
 
 
-@partial(jax.jit, static_argnames=("config", "attention", "sampling", "max_new_tokens", "eos_ids", "pad_id",
-                                   "layer_kernels"),
-         donate_argnames=("states",), compiler_options=decode_compiler_options(os.environ.get("XLA_FLAGS", "")))
+@_jit_with_options(decode_compiler_options(os.environ.get("XLA_FLAGS", "")),
+                   static_argnames=("config", "attention", "sampling", "max_new_tokens", "eos_ids", "pad_id",
+                                    "layer_kernels"), donate_argnames=("states",))
 def decode(params: Params, states: tuple, first: jax.Array, lengths: jax.Array, key: jax.Array, *,
            config: ModelConfig, attention, sampling: SamplingConfig, max_new_tokens: int,
            eos_ids: tuple[int, ...], pad_id: int, layer_kernels: str | None = None):

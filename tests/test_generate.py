@@ -223,6 +223,25 @@ def test_runs_of_steps_equal_a_flush_check_every_step(params, prompts, kind):
     assert int(count[0]) < 40  # the EOS run stopped the first sequence early
 
 
+def test_prefill_and_decode_run_inside_a_callers_jit(params, prompts):
+    """JAX takes XLA compiler options on top-level jits only: inside a caller's jit, prefill and decode run as
+    plain nested jits (no error) and give the tokens they give at the top level."""
+    static = dict(config=CONFIG, attention=HybridAttention(SMALL_HQ, backend="reference"),
+                  sampling=SamplingConfig())
+    tokens, lengths = pad_prompts(prompts)
+
+    def both(params, tokens, lengths, key):
+        first, _, states = prefill(params, tokens, lengths, key, chunk=2048, max_len=tokens.shape[1] + 24,
+                                   **static)
+        out, count, *_ = decode(params, states, first, lengths, key, max_new_tokens=20, eos_ids=(), pad_id=0,
+                                **static)
+        return out, count
+
+    args = (params, jnp.asarray(tokens), jnp.asarray(lengths), jax.random.PRNGKey(3))
+    for a, b in zip(jax.jit(both)(*args), both(*args)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_generate_errors(params, prompts):
     attn = BF16Attention()
     with pytest.raises(ValueError, match="max_new_tokens"):
