@@ -118,6 +118,12 @@ class AblatedHybrid(HybridAttention):
 
     skip: tuple = ()
 
+    def __post_init__(self):
+        super().__post_init__()
+        unknown = set(self.skip) - set(HYBRID_PARTS)
+        if unknown:
+            raise ValueError(f"AblatedHybrid.skip: unknown parts {sorted(unknown)}; choose from {HYBRID_PARTS}")
+
     def decode(self, layer, q, k, v, cache, ctx):
         from hyquant_jax.cache import accumulate_ring_scores, append
 

@@ -206,6 +206,8 @@ def test_step_ablation_probe_variants_leave_out_what_they_say():
     assert made["static"].steps_until_begin.__func__ is HybridAttention.steps_until_begin  # nested runs
     with pytest.raises(ValueError, match="unknown variant"):
         probe.attention_for("nope", base)
+    with pytest.raises(ValueError, match="unknown parts"):
+        probe.AblatedHybrid(hq, skip=("kernels",))
 
     b, h, g, d, s = 1, 2, 2, 16, 64
     key = jax.random.split(jax.random.PRNGKey(0), 4)
