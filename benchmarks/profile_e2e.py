@@ -41,12 +41,21 @@ def profile_config(args, params, config, attention, method, prefix, batch) -> di
     key = jax.random.PRNGKey(2)
     static = dict(config=config, attention=attention, sampling=SamplingConfig(), max_new_tokens=args.steps + 1,
                   eos_ids=(), pad_id=0, layer_kernels=args.layer_kernels)
+    states_shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), states)
     out, _, states, lengths, _ = decode(params, states, first, lengths, key, **static)
     jax.block_until_ready(out)
     (out, _, states, lengths, n), wall, events = profiled(
         lambda: jax.block_until_ready(decode(params, states, out[:, -1], lengths, key, **static)))
     steps = int(n)
     del states
+    if args.dump_events:
+        import gzip
+
+        stem = os.path.join(args.out, f"{args.name}_%s_{method}_{prefix}")
+        _dump_events(events, stem % "events" + ".json.gz")
+        hlo = decode.lower(params, states_shapes, first, lengths, key, **static).compile().as_text()
+        with gzip.open(stem % "hlo" + ".txt.gz", "wt") as f:
+            f.write(hlo)
     return dict(section="decode", method=method, prefix=prefix, batch=batch, steps=steps,
                 wall_ms_per_step=1e3 * wall / steps,
                 **breakdown(events, steps, args.top), lengths=np.asarray(lengths).tolist())
@@ -70,11 +79,31 @@ def profile_prefill(args, params, config, attention, method, prefix) -> dict:
                 **breakdown(events, 1, args.top))
 
 
+def _dump_events(events: list[dict], path: str) -> None:
+    import gzip
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    t0 = events[0]["ts"] if events else 0.0
+    rows = [[e["name"][:80], e.get("tid"), round(e["ts"] - t0, 3), round(e["dur"], 3)] for e in events]
+    with gzip.open(path, "wt") as f:
+        json.dump({"columns": ["name", "stream", "start_us", "dur_us"], "events": rows}, f)
+
+
+def _attention(e2e_args, method):
+    """e2e.py's attention of `method`, or the step ablation probe's variant of that name."""
+    if method in e2e.METHODS:
+        return e2e._attention(e2e_args, method)[0]
+    from benchmarks import step_ablation_probe
+
+    return step_ablation_probe.attention_for(method, e2e._attention(e2e_args, "hyquant")[0])
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--name", default="profile_e2e_h200")
-    p.add_argument("--methods", default="bf16,hyquant")
+    p.add_argument("--methods", default="bf16,hyquant",
+                   help="e2e.py methods, or step_ablation_probe.py variants (static, static_flat, ...)")
     p.add_argument("--prefixes", default="1024,32768")
     p.add_argument("--batches", default="1", help="batch sizes, each profiled at every prefix")
     p.add_argument("--model", default="qwen3-8b", choices=sorted(e2e.MODELS))
@@ -85,6 +114,10 @@ def main():
     p.add_argument("--prefill-backend", default="auto", help="as in e2e.py")
     p.add_argument("--prefill-block", type=int, default=64, help="as in e2e.py")
     p.add_argument("--smoke", action="store_true", help="e2e.py's tiny model (a CPU check of the script)")
+    p.add_argument("--dump-events", action="store_true",
+                   help="also write each decode config's GPU events in order (name, stream, start, duration in us) "
+                        "to OUT/NAME_events_METHOD_PREFIX.json.gz, to see which launches idle gaps sit between, "
+                        "and the compiled decode loop's HLO (kernel names = fusion names) to OUT/NAME_hlo_METHOD_PREFIX.txt.gz")
     p.add_argument("--layer-kernels", default="auto", choices=("auto", "xla"), help="as in e2e.py")
     args = p.parse_args()
     import jax
@@ -103,7 +136,7 @@ def main():
                "layer_kernels": args.layer_kernels, "configs": []}
     sections = args.sections.split(",")
     for method in args.methods.split(","):
-        attention, _ = e2e._attention(e2e_args, method)
+        attention = _attention(e2e_args, method)
         if "prefill" in sections:
             for prefix in e2e._ints(args.prefixes):
                 row = profile_prefill(args, params, config, attention, method, prefix)

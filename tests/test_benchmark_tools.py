@@ -230,3 +230,24 @@ def test_step_ablation_probe_variants_leave_out_what_they_say():
     full, _ = base.decode(0, q, k, v, cache, ctx)
     scored, _ = made["no_ring_scores"].decode(0, q, k, v, cache, ctx)
     np.testing.assert_array_equal(np.asarray(full), np.asarray(scored))  # same attention, no score update
+
+
+def test_profile_e2e_takes_probe_variants_and_dumps_events_in_order(tmp_path):
+    """profile_e2e.py profiles the step ablation probe's variants by name and writes the GPU events it read,
+    times relative to the first event."""
+    import gzip
+    import json
+
+    from benchmarks import e2e, profile_e2e, step_ablation_probe
+
+    args = e2e.parse_args(["--smoke", "--sections", "b1"])
+    assert isinstance(profile_e2e._attention(args, "static_flat"), step_ablation_probe.FlatAblatedHybrid)
+    assert type(profile_e2e._attention(args, "bf16")).__name__ == "BF16Attention"
+    with pytest.raises(ValueError, match="unknown variant"):
+        profile_e2e._attention(args, "nope")
+    events = [{"name": "a", "tid": 3, "ts": 100.0, "dur": 2.0}, {"name": "b", "tid": 4, "ts": 105.5, "dur": 1.0}]
+    path = tmp_path / "sub" / "events.json.gz"
+    profile_e2e._dump_events(events, str(path))
+    got = json.load(gzip.open(path, "rt"))
+    assert got["columns"] == ["name", "stream", "start_us", "dur_us"]
+    assert got["events"] == [["a", 3, 0.0, 2.0], ["b", 4, 5.5, 1.0]]
