@@ -1,3 +1,5 @@
+#!/bin/bash
+# Needs the patched tree: `bash benchmarks/prepare_patched_tree.sh decode_fixed_runs`, then run with .gpu_run carried.
 # session 35 call 3: nested loops with the fixed-trip-count run (decode_fixed_runs.patch) against main
 export PYTHONUNBUFFERED=1
 for t in . .gpu_run/decode_fixed_runs; do

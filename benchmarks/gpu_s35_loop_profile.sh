@@ -1,3 +1,5 @@
+#!/bin/bash
+# Needs the patched tree: `bash benchmarks/prepare_patched_tree.sh decode_fixed_runs`, then run with .gpu_run carried.
 # session 35 call 4: GPU kernel time against idle time of the decode step, nested vs flat loops (1K), and
 # hyquant / bf16 at 32K, from the JAX profiler (benchmarks/profile_e2e.py); the fixed-runs tree's static too.
 export PYTHONUNBUFFERED=1
