@@ -16,6 +16,7 @@ OUT/NAME.json. On the GPU box, from the repository root:
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import sys
@@ -49,8 +50,6 @@ def profile_config(args, params, config, attention, method, prefix, batch) -> di
     steps = int(n)
     del states
     if args.dump_events:
-        import gzip
-
         stem = os.path.join(args.out, f"{args.name}_%s_{method}_{prefix}")
         _dump_events(events, stem % "events" + ".json.gz")
         hlo = decode.lower(params, states_shapes, first, lengths, key, **static).compile().as_text()
@@ -80,8 +79,6 @@ def profile_prefill(args, params, config, attention, method, prefix) -> dict:
 
 
 def _dump_events(events: list[dict], path: str) -> None:
-    import gzip
-
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     t0 = events[0]["ts"] if events else 0.0
     rows = [[e["name"][:80], e.get("tid"), round(e["ts"] - t0, 3), round(e["dur"], 3)] for e in events]
