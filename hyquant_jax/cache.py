@@ -446,8 +446,8 @@ def append(
     `flush_full_rings` (no active ring is full), so the flush is not even
     considered. Called outside jit, it checks capacity on the host first.
     backend: as `decode_attention`'s; the kernel backends ("auto" on a GPU, "pallas", "mosaic",
-    "interpret") write the ring's three rows with one Pallas launch (`pallas_kernels.cache_write`),
-    "reference" with jnp. Both give the same cache bit for bit.
+    "interpret") write the ring's three rows and advance ring_len and length with one Pallas launch
+    (`pallas_kernels.cache_write.append_rows`), "reference" with jnp. Both give the same cache bit for bit.
     """
     ring_writer = _ring_writer(backend, cache)
     want = (cache.batch, cache.num_kv_heads, cache.head_dim)
@@ -513,18 +513,18 @@ def _append(cache: HybridKVCache, k, v, active, config: HyQuantConfig, flush: bo
             ring_writer: str = "jnp") -> HybridKVCache:
     if flush:  # most steps flush nothing: skip the block quantization and its ~40 small kernels then
         (cache,) = flush_full_rings((cache,), config, active)
-    ring = config.ring_size
-    slot = (cache.ring_start + cache.ring_len) % ring
-    if ring_writer == "jnp":
-        ring_k = _write_rows(cache.ring_k, slot, k[:, :, None].astype(cache.dtype), active)
-        ring_v = _write_rows(cache.ring_v, slot, v[:, :, None].astype(cache.dtype), active)
-        ring_score = _write_rows(cache.ring_score[..., None], slot, jnp.zeros(k.shape[:2] + (1, 1)), active)[..., 0]
-    else:
-        from pallas_kernels.cache_write import write_rows
+    if ring_writer != "jnp":  # one launch writes the rows and advances the counters (see append_rows)
+        from pallas_kernels.cache_write import append_rows
 
-        ring_k, ring_v, ring_score = write_rows(
-            (cache.ring_k, cache.ring_v, cache.ring_score), (k, v, jnp.zeros(k.shape[:2], jnp.float32)), slot,
-            active, interpret=ring_writer == "interpret")
+        ring_k, ring_v, ring_score, ring_len, length = append_rows(
+            (cache.ring_k, cache.ring_v, cache.ring_score), (k, v, jnp.zeros(k.shape[:2], jnp.float32)),
+            cache.ring_start, cache.ring_len, active, (cache.length,), interpret=ring_writer == "interpret")
+        return dataclasses.replace(cache, ring_k=ring_k, ring_v=ring_v, ring_score=ring_score, ring_len=ring_len,
+                                   length=length)
+    slot = (cache.ring_start + cache.ring_len) % config.ring_size
+    ring_k = _write_rows(cache.ring_k, slot, k[:, :, None].astype(cache.dtype), active)
+    ring_v = _write_rows(cache.ring_v, slot, v[:, :, None].astype(cache.dtype), active)
+    ring_score = _write_rows(cache.ring_score[..., None], slot, jnp.zeros(k.shape[:2] + (1, 1)), active)[..., 0]
     step = active.astype(jnp.int32)
     return dataclasses.replace(
         cache, ring_k=ring_k, ring_v=ring_v, ring_score=ring_score,

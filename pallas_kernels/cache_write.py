@@ -7,6 +7,8 @@ small kernel. Here one launch writes every buffer of a layer; the buffers are al
 under donation (the decode loop's carry) nothing else is copied. On the H200 this took ~0.1 ms off a B=1
 decode step of a 36-layer model, bf16 and hyquant alike
 (benchmarks/results/e2e_h200_b1_write_rows_{main,overlay}.json).
+
+`append_rows` is the ring form: the slot is (start + count) % S and the launch also advances the counters.
 """
 
 from __future__ import annotations
@@ -29,41 +31,93 @@ def _kernel(slot_ref, write_ref, *refs, count: int):
         plgpu.store(buf_ref.at[b, h, pl.ds(slot, 1), :], x, mask=jnp.full(x.shape, write))
 
 
+def _append_kernel(start_ref, write_ref, *refs, count: int, counters: int, heads: int, size: int):
+    # refs: rows, aliased buffers (never read), counters in, then the outputs: buffers, counters. One program
+    # per sequence: it reads its counters before it writes them (they are aliased, so a program per head
+    # could read a counter another program had already advanced).
+    rows, counts_in = refs[:count], refs[2 * count:2 * count + counters]
+    bufs, counts_out = refs[2 * count + counters:3 * count + counters], refs[3 * count + counters:]
+    b = pl.program_id(0)
+    step = write_ref[b]
+    slot = (start_ref[b] + counts_in[0][b]) % size
+    for h in map(jnp.int32, range(heads)):  # traced indices: Pallas' ref indexers take no Python ints here
+        for x_ref, buf_ref in zip(rows, bufs):
+            x = x_ref[b, h, :][None, :].astype(buf_ref.dtype)  # [1, X]
+            plgpu.store(buf_ref.at[b, h, pl.ds(slot, 1), :], x, mask=jnp.full(x.shape, step != 0))
+    for c_in, c_out in zip(counts_in, counts_out):
+        c_out[pl.ds(b, 1)] = c_in[pl.ds(b, 1)] + step
+
+
 def fits(buffers: tuple) -> bool:
     """Whether the kernel takes these buffers: row widths X must be powers of two (Triton block shapes)."""
     return all(buf.ndim == 3 or (buf.shape[-1] & (buf.shape[-1] - 1)) == 0 for buf in buffers)
 
 
-def write_rows(buffers: tuple, rows: tuple, slot: jax.Array, write: jax.Array | None = None,
-               interpret: bool = False) -> tuple:
-    """buffers[i][b, h, slot[b]] = rows[i][b, h] for every b with write[b] (all b when write is None).
-
-    buffers: arrays [B, H, S, X] or [B, H, S] (any dtype; rows are cast to it); rows: matching [B, H, X] or
-    [B, H]; slot: int32 [B] in [0, S); write: bool [B]. Returns the updated buffers (aliased to the inputs:
-    in place under donation). Slots outside [0, S) are not checked on the device (the callers' slots are in
-    range by construction); pass interpret=True to run on CPU.
-    """
+def _check(name: str, buffers: tuple, rows: tuple):
+    """Validate buffers [B, H, S, X] (or [B, H, S]) and rows [B, H, X] (or [B, H]); return them as 4-D and
+    3-D arrays with the flags of the flat ones."""
     buffers, rows = tuple(buffers), tuple(rows)
     if not buffers or len(buffers) != len(rows):
-        raise ValueError(f"write_rows: need as many rows as buffers (at least one), got {len(rows)} and "
+        raise ValueError(f"{name}: need as many rows as buffers (at least one), got {len(rows)} and "
                          f"{len(buffers)}")
     b, h = buffers[0].shape[:2]
     flat = [buf.ndim == 3 for buf in buffers]
     buffers = tuple(buf[..., None] if f else buf for buf, f in zip(buffers, flat))
     rows = tuple(x[..., None] if f else x for x, f in zip(rows, flat))
     if not fits(buffers):
-        raise ValueError(f"write_rows: row widths must be powers of two, got {[buf.shape[-1] for buf in buffers]}")
+        raise ValueError(f"{name}: row widths must be powers of two, got {[buf.shape[-1] for buf in buffers]}")
     for i, (buf, x) in enumerate(zip(buffers, rows)):
-        if buf.ndim != 4 or buf.shape[:2] != (b, h) or x.shape != (b, h, buf.shape[3]):
-            raise ValueError(f"write_rows: buffers[{i}] must be [B={b}, H={h}, S, X] (or [B, H, S]) with rows "
-                             f"[B, H, X]; got {buf.shape} and {x.shape}")
-    if slot.shape != (b,):
-        raise ValueError(f"write_rows: slot must be int32 [B]={(b,)}, got {slot.shape}")
-    write = jnp.ones((b,), jnp.int32) if write is None else write.astype(jnp.int32)
-    if write.shape != (b,):
-        raise ValueError(f"write_rows: write must be bool [B]={(b,)}, got {write.shape}")
-    out = _write(slot.astype(jnp.int32), write, rows, buffers, interpret=interpret)
+        if buf.ndim != 4 or buf.shape[:3] != (b, h, buffers[0].shape[2]) or x.shape != (b, h, buf.shape[3]):
+            raise ValueError(f"{name}: buffers[{i}] must be [B={b}, H={h}, S={buffers[0].shape[2]}, X] (or "
+                             f"[B, H, S]) with rows [B, H, X]; got {buf.shape} and {x.shape}")
+    return buffers, rows, flat
+
+
+def _per_sequence(name: str, x, b: int, what: str = "int32"):
+    if x.shape != (b,):
+        raise ValueError(f"{name} must be {what} [B]={(b,)}, got {x.shape}")
+    return x.astype(jnp.int32)
+
+
+def write_rows(buffers: tuple, rows: tuple, slot: jax.Array, write: jax.Array | None = None,
+               interpret: bool = False) -> tuple:
+    """buffers[i][b, h, slot[b]] = rows[i][b, h] for every b with write[b] (all b when write is None).
+
+    buffers: arrays [B, H, S, X] or [B, H, S] (any dtype; rows are cast to it), all with the same B, H, S;
+    rows: matching [B, H, X] or [B, H]; slot: int32 [B] in [0, S); write: bool [B]. Returns the updated
+    buffers (aliased to the inputs: in place under donation). Slots outside [0, S) are not checked on the
+    device (the callers' slots are in range by construction); pass interpret=True to run on CPU.
+    """
+    buffers, rows, flat = _check("write_rows", buffers, rows)
+    b = buffers[0].shape[0]
+    slot = _per_sequence("write_rows: slot", slot, b)
+    write = jnp.ones((b,), jnp.int32) if write is None else _per_sequence("write_rows: write", write, b, "bool")
+    out = _write(slot, write, rows, buffers, interpret=interpret)
     return tuple(o[..., 0] if f else o for o, f in zip(out, flat))
+
+
+def append_rows(buffers: tuple, rows: tuple, start: jax.Array, count: jax.Array, write: jax.Array,
+                counters: tuple = (), interpret: bool = False) -> tuple:
+    """Append one row per (sequence, head) to ring buffers and advance their counters, in one launch.
+
+    With S the ring size (buffers' axis 2) and slot[b] = (start[b] + count[b]) % S, this is
+    `write_rows(buffers, rows, slot, write)` followed by count + write and c + write for each c in counters.
+    The hybrid cache's window ring appends this way: computing the slot and the counters in XLA made three
+    dependent one-element kernels per layer and step (benchmarks/NOTES.md, session 35).
+
+    buffers, rows: as `write_rows`'s; start, count: int32 [B], start in [0, S) and count >= 0;
+    write: bool [B]; counters: int32 [B] arrays. Returns (buffers..., count + write, counters... + write),
+    each aliased to its input (in place under donation).
+    """
+    buffers, rows, flat = _check("append_rows", buffers, rows)
+    b = buffers[0].shape[0]
+    start = _per_sequence("append_rows: start", start, b)
+    count = _per_sequence("append_rows: count", count, b)
+    write = _per_sequence("append_rows: write", write, b, "bool")
+    counters = tuple(_per_sequence(f"append_rows: counters[{i}]", c, b) for i, c in enumerate(counters))
+    out = _append(start, write, rows, buffers, (count,) + counters, interpret=interpret)
+    n = len(buffers)
+    return tuple(o[..., 0] if f else o for o, f in zip(out[:n], flat)) + tuple(out[n:])
 
 
 @functools.partial(jax.jit, static_argnames=("interpret",))
@@ -79,3 +133,18 @@ def _write(slot, write, rows, buffers, interpret: bool):
         interpret=interpret,
         name="hyquant_write_rows",
     )(slot, write, *rows, *buffers)
+
+
+@functools.partial(jax.jit, static_argnames=("interpret",))
+def _append(start, write, rows, buffers, counters, interpret: bool):
+    count, n = len(buffers), len(counters)
+    b, h, size = buffers[0].shape[:3]
+    return pl.pallas_call(
+        functools.partial(_append_kernel, count=count, counters=n, heads=h, size=size),
+        grid=(b,),
+        out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in buffers + counters],
+        input_output_aliases={2 + count + i: i for i in range(count + n)},
+        compiler_params=plgpu.CompilerParams(num_warps=1, num_stages=1),
+        interpret=interpret,
+        name="hyquant_append_rows",
+    )(start, write, *rows, *buffers, *counters)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hq_helpers import Harness, config, j32, rng
 from hyquant_jax.cache import append
 from models.attention import write_token, write_tokens
-from pallas_kernels.cache_write import write_rows
+from pallas_kernels.cache_write import append_rows, write_rows
 
 
 def oracle_write(buffers, rows, slot, write):
@@ -66,7 +66,7 @@ def test_write_rows_rejects_bad_arguments():
     slot = jnp.zeros((2,), jnp.int32)
     with pytest.raises(ValueError, match="as many rows as buffers"):
         write_rows((buf, buf), (row,), slot, interpret=True)
-    with pytest.raises(ValueError, match=r"buffers\[0\] must be \[B=2, H=3, S, X\]"):
+    with pytest.raises(ValueError, match=r"buffers\[0\] must be \[B=2, H=3, S=4, X\]"):
         write_rows((buf,), (jnp.zeros((2, 3, 4)),), slot, interpret=True)
     with pytest.raises(ValueError, match="powers of two"):
         write_rows((jnp.zeros((2, 3, 4, 6)),), (jnp.zeros((2, 3, 6)),), slot, interpret=True)
@@ -74,6 +74,55 @@ def test_write_rows_rejects_bad_arguments():
         write_rows((buf,), (row,), jnp.zeros((3,), jnp.int32), interpret=True)
     with pytest.raises(ValueError, match=r"write must be bool \[B\]"):
         write_rows((buf,), (row,), slot, jnp.ones((1,), bool), interpret=True)
+
+
+def check_append(buffers, rows, start, count, write, counters, interpret):
+    """append_rows against the oracle: write_rows' oracle at (start + count) % S, counters + write."""
+    size = buffers[0].shape[2]
+    slot = (np.asarray(start) + np.asarray(count)) % size
+    expected = oracle_write(buffers, rows, slot, np.asarray(write))
+    step = np.asarray(write).astype(np.int32)
+    expected += [np.asarray(c) + step for c in (count,) + counters]
+    got = append_rows(buffers, rows, start, count, write, counters, interpret=interpret)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert g.shape == e.shape and g.dtype == e.dtype
+        np.testing.assert_array_equal(np.asarray(g), e)
+
+
+def random_append_case(gen, batch, heads, slots, widths, dtypes, num_counters):
+    buffers, rows, _, write = random_case(gen, batch, heads, slots, widths, dtypes)
+    start = jnp.asarray(gen.integers(0, slots, batch), jnp.int32)
+    count = jnp.asarray(gen.integers(0, slots + 1, batch), jnp.int32)  # a full ring wraps to slot start
+    counters = tuple(jnp.asarray(gen.integers(0, 10_000, batch), jnp.int32) for _ in range(num_counters))
+    return buffers, rows, start, count, write, counters
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batch=st.integers(1, 3), heads=st.integers(1, 5), slots=st.integers(1, 9),
+       widths=st.lists(st.sampled_from([0, 1, 2, 16, 64]), min_size=1, max_size=3),
+       num_counters=st.integers(0, 2), seed=st.integers(0, 2**16))
+def test_append_rows_matches_oracle(batch, heads, slots, widths, num_counters, seed):
+    """Random ring shapes, starts, counts (wrapping past the end), write masks and extra counters."""
+    gen = rng(seed)
+    dtypes = [jnp.bfloat16 if i % 2 == 0 else jnp.float32 for i in range(len(widths))]
+    check_append(*random_append_case(gen, batch, heads, slots, widths, dtypes, num_counters), interpret=True)
+
+
+def test_append_rows_rejects_bad_arguments():
+    buf, row = jnp.zeros((2, 3, 4, 8)), jnp.zeros((2, 3, 8))
+    ok = jnp.zeros((2,), jnp.int32)
+    write = jnp.ones((2,), bool)
+    with pytest.raises(ValueError, match=r"buffers\[1\] must be \[B=2, H=3, S=4, X\]"):
+        append_rows((buf, jnp.zeros((2, 3, 5, 8))), (row, row), ok, ok, write, interpret=True)
+    with pytest.raises(ValueError, match=r"append_rows: start must be int32 \[B\]"):
+        append_rows((buf,), (row,), jnp.zeros((3,), jnp.int32), ok, write, interpret=True)
+    with pytest.raises(ValueError, match=r"append_rows: count must be int32 \[B\]"):
+        append_rows((buf,), (row,), ok, jnp.zeros((1,), jnp.int32), write, interpret=True)
+    with pytest.raises(ValueError, match=r"append_rows: write must be bool \[B\]"):
+        append_rows((buf,), (row,), ok, ok, jnp.ones((3,), bool), interpret=True)
+    with pytest.raises(ValueError, match=r"append_rows: counters\[1\] must be int32 \[B\]"):
+        append_rows((buf,), (row,), ok, ok, write, (ok, jnp.zeros((2, 1), jnp.int32)), interpret=True)
 
 
 def _append_paths_agree(backend, steps, promote):
@@ -129,6 +178,15 @@ def test_gpu_write_rows_matches_oracle(batch, heads, slots, widths):
     buffers, rows, slot, write = random_case(gen, batch, heads, slots, widths, dtypes)
     check(buffers, rows, slot, write, interpret=False)
     check(buffers, rows, slot, None, interpret=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch,heads,slots,widths", [(1, 8, 192, (128, 128, 0)), (3, 3, 200, (64, 64, 0)),
+                                                      (16, 8, 4096, (128, 128, 0)), (5, 1, 7, (256, 1))])
+def test_gpu_append_rows_matches_oracle(batch, heads, slots, widths):
+    gen = rng(batch * 100 + heads + 1)
+    dtypes = [jnp.bfloat16 if w > 1 else jnp.float32 for w in widths]
+    check_append(*random_append_case(gen, batch, heads, slots, widths, dtypes, 1), interpret=False)
 
 
 @pytest.mark.gpu
