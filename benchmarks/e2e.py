@@ -136,6 +136,9 @@ def parse_args(argv=None):
     p.add_argument("--bandwidth-tbs", type=float, default=4.8, help="HBM bandwidth for the byte floor (H200: 4.8)")
     p.add_argument("--layer-kernels", default="auto", choices=("auto", "xla"),
                    help="decode steps' norms and RoPE: Pallas kernels where they fit (auto) or XLA ops")
+    p.add_argument("--stop-token", action="store_true",
+                   help="decode with a stop token that never occurs (id = vocab size) as `generate` decodes with "
+                        "EOS ids: the loops then stop on data, so XLA does not know their trip count")
     p.add_argument("--mem-fraction", default="0.95", help="XLA_PYTHON_CLIENT_MEM_FRACTION of the workers")
     p.add_argument("--smoke", action="store_true", help="tiny model and prefixes: a CPU check that the script runs")
     p.add_argument("--no-plot", action="store_true")
@@ -316,7 +319,8 @@ def _decode_config(args, params, config, attention, method, prefix, batch, mesh=
     first = _put(jax.random.randint(jax.random.PRNGKey(1), (batch,), 0, config.vocab_size, jnp.int32), mesh)
     key = _put(jax.random.PRNGKey(2), mesh, batch_axis=False)
     static = dict(config=config, attention=attention, sampling=SamplingConfig(), max_new_tokens=steps + 1,
-                  eos_ids=(), pad_id=0, layer_kernels=args.layer_kernels)
+                  eos_ids=(config.vocab_size,) if args.stop_token else (), pad_id=0,
+                  layer_kernels=args.layer_kernels)
     kv_start = kv_cache_bytes(attention, states, np.asarray(lengths))
     t0 = time.perf_counter()
     out, _, states, lengths, n = decode(params, states, first, lengths, key, **static)
@@ -491,7 +495,7 @@ def main(argv=None) -> None:
                "model_name": "smoke" if args.smoke else args.model, "mesh": mesh_shape,
                "params": config.num_params(), "hyquant_config": dataclasses.asdict(hq),
                "bandwidth_tbs": args.bandwidth_tbs, "steps": args.steps, "reps": args.reps,
-               "layer_kernels": args.layer_kernels,
+               "layer_kernels": args.layer_kernels, "stop_token": args.stop_token,
                "b1": [], "batch": [], "prefill": []}
     path = os.path.join(args.out, f"{args.name}.json")
     with tempfile.TemporaryDirectory() as tmp:

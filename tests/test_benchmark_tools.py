@@ -161,6 +161,25 @@ def test_flush_period_is_the_ring_block_of_a_ring_cache():
     assert flush_period(ShardedAttention(BF16Attention(), mesh)) is None
 
 
+def test_e2e_stop_token_never_ends_the_timed_loops():
+    """e2e.py --stop-token decodes with eos id = vocab size: the loops stop on data as in `generate`, yet run every
+    step (`_decode_config` asserts the step count), for a cache with and without the nested runs of steps."""
+    import jax
+    import jax.numpy as jnp
+
+    from benchmarks import e2e
+    from models import init_params
+
+    args = e2e.parse_args(["--smoke", "--sections", "b1", "--stop-token", "--steps", "3", "--reps", "1"])
+    assert args.stop_token and not e2e.parse_args(["--smoke"]).stop_token
+    config = e2e._model(args)
+    params = init_params(jax.random.PRNGKey(0), config, jnp.bfloat16)
+    for method in ("bf16", "hyquant"):
+        attention, _ = e2e._attention(args, method)
+        row = e2e._decode_config(args, params, config, attention, method, 64, 1)
+        assert row["step_ms"] > 0
+
+
 def test_flush_cond_probe_variants():
     """The probe's variants: the same attention but without the ring flush (its once-per-step work returns
     the states untouched), then also without ring scores; the first is timed again last."""
