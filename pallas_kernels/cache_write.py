@@ -8,7 +8,8 @@ under donation (the decode loop's carry) nothing else is copied. On the H200 thi
 decode step of a 36-layer model, bf16 and hyquant alike
 (benchmarks/results/e2e_h200_b1_write_rows_{main,overlay}.json).
 
-`append_rows` is the ring form: the slot is (start + count) % S and the launch also advances the counters.
+`append_rows` is the ring form: the slot is (start + count) % S and the launch also advances the counters
+(the hybrid cache's window ring; benchmarks/results/e2e_append_rows_s36c.json).
 """
 
 from __future__ import annotations
@@ -33,17 +34,20 @@ def _kernel(slot_ref, write_ref, *refs, count: int):
 
 def _append_kernel(start_ref, write_ref, *refs, count: int, counters: int, heads: int, size: int):
     # refs: rows, aliased buffers (never read), counters in, then the outputs: buffers, counters. One program
-    # per sequence: it reads its counters before it writes them (they are aliased, so a program per head
-    # could read a counter another program had already advanced).
+    # per sequence, all heads at once: it reads its counters before it writes them (they are aliased, so a
+    # program per head could read a counter another program had already advanced).
     rows, counts_in = refs[:count], refs[2 * count:2 * count + counters]
     bufs, counts_out = refs[2 * count + counters:3 * count + counters], refs[3 * count + counters:]
     b = pl.program_id(0)
     step = write_ref[b]
     slot = (start_ref[b] + counts_in[0][b]) % size
-    for h in map(jnp.int32, range(heads)):  # traced indices: Pallas' ref indexers take no Python ints here
-        for x_ref, buf_ref in zip(rows, bufs):
-            x = x_ref[b, h, :][None, :].astype(buf_ref.dtype)  # [1, X]
-            plgpu.store(buf_ref.at[b, h, pl.ds(slot, 1), :], x, mask=jnp.full(x.shape, step != 0))
+    block = pl.next_power_of_2(heads)  # Triton block shapes are powers of two; the extra heads are masked
+    head_ok = (jnp.arange(block) < heads)[:, None]
+    for x_ref, buf_ref in zip(rows, bufs):
+        x = plgpu.load(x_ref.at[b, pl.ds(0, block), :], mask=head_ok)  # [heads, X]; masked rows are never stored
+        mask = jnp.broadcast_to((head_ok & (step != 0))[:, None, :], (block, 1, x.shape[1]))
+        plgpu.store(buf_ref.at[b, pl.ds(0, block), pl.ds(slot, 1), :], x[:, None, :].astype(buf_ref.dtype),
+                    mask=mask)
     for c_in, c_out in zip(counts_in, counts_out):
         c_out[pl.ds(b, 1)] = c_in[pl.ds(b, 1)] + step
 
@@ -144,7 +148,7 @@ def _append(start, write, rows, buffers, counters, interpret: bool):
         grid=(b,),
         out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in buffers + counters],
         input_output_aliases={2 + count + i: i for i in range(count + n)},
-        compiler_params=plgpu.CompilerParams(num_warps=1, num_stages=1),
+        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
         interpret=interpret,
         name="hyquant_append_rows",
     )(start, write, *rows, *buffers, *counters)
