@@ -1,7 +1,7 @@
 #!/bin/bash
 # Session 36, call 1 (~8 min): the ring append that advances the counters in its kernel (`append_rows`).
 # GPU tests of pallas_kernels/cache_write.py, then e2e B=1 at 1K and 32K: HEAD before the change
-# (.gpu_run/base, built with `mkdir -p .gpu_run/base && git archive <commit> hyquant_jax models pallas_kernels
+# (.gpu_run/base, built with `mkdir -p .gpu_run/base && git archive e5d1707 hyquant_jax models pallas_kernels
 # benchmarks tests pyproject.toml | tar -x -C .gpu_run/base --exclude=benchmarks/results`, carried) against the
 # working tree, each with bf16 in the same process.
 set -u

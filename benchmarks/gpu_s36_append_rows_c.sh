@@ -1,7 +1,8 @@
 #!/bin/bash
-# Session 36, call 3 as it could run with the device time left (~3 min): gpu_s36_append_rows_b.sh without the
-# fixed-runs profile. GPU tests of append_rows with all heads in one program, then e2e B=1 32K of the tree
-# before append_rows (.gpu_run/base, carried) and of the working tree, bf16 in each process.
+# Session 36, call 3 (~3 min, what the device time left allowed): GPU tests of append_rows with all heads in one
+# program, then e2e B=1 32K of the working tree and of the tree before append_rows (.gpu_run/base, built with
+# `mkdir -p .gpu_run/base && git archive e5d1707 hyquant_jax models pallas_kernels benchmarks tests
+# pyproject.toml | tar -x -C .gpu_run/base --exclude=benchmarks/results`, carried), bf16 in each process.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
