@@ -21,6 +21,13 @@ Variants (all in one process, e2e.py's model, states and timing; `--variants` pi
   bf16_static_nested_carry  that, with 15 small arrays per layer carried untouched (as many loop buffers as
                             the hybrid cache's)
 
+A variant name may carry modifiers, e.g. `hyquant@host@stop` (without @host or @device, `generate.decode`
+picks the loops as it does for users: `generate.uses_device_loops`):
+  @host    `generate.decode` compiled with XLA's command-buffer kinds (jax 0.11.2): loops of unknown trip
+           count run from the host, one condition read-back and host wait per step
+  @device  the same plus WHILE: such loops become device-side loops in the CUDA graph
+  @stop    decode with a stop token that never occurs (e2e.py --stop-token), as `generate` decodes
+
 Measurements only: the ablated outputs are meaningless, the work per step is what is timed. On the GPU box, from
 the repository root:
   PYTHONPATH=. python benchmarks/step_ablation_probe.py --out $OUT --prefixes 32768 --steps 64 --reps 3
@@ -58,6 +65,20 @@ KERNEL_VARIANTS = ("no_merge", "no_mosaic", "no_triton")  # call the GPU kernels
 BF16_VARIANTS = ("bf16", "bf16_write_only", "bf16_static", "bf16_static_nested", "bf16_static_nested_carry")
 STRUCTURE_VARIANTS = ("static_flat",)
 DEFAULT_VARIANTS = BF16_VARIANTS + tuple(HYBRID_VARIANTS) + STRUCTURE_VARIANTS
+MODIFIERS = ("host", "device", "stop")
+
+
+def split_variant(name: str) -> tuple[str, frozenset]:
+    """'hyquant@host@stop' -> ('hyquant', {'host', 'stop'}); SystemExit naming the bad part otherwise."""
+    base, *mods = name.split("@")
+    if base not in DEFAULT_VARIANTS:
+        raise SystemExit(f"--variants: unknown variant {base!r}; choose from {DEFAULT_VARIANTS}")
+    bad = sorted(set(mods) - set(MODIFIERS))
+    if bad:
+        raise SystemExit(f"--variants: unknown modifier(s) {bad} in {name!r}; choose from {MODIFIERS}")
+    if {"host", "device"} <= set(mods):
+        raise SystemExit(f"--variants: {name!r} has both @host and @device")
+    return base, frozenset(mods)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,17 +244,20 @@ def main(argv=None) -> None:
     own, rest = pre.parse_known_args(argv)
     names = own.variants.split(",")
     for n in names:
-        if n not in DEFAULT_VARIANTS:
-            raise SystemExit(f"--variants: unknown variant {n!r}; choose from {DEFAULT_VARIANTS}")
+        split_variant(n)
     args = e2e.parse_args(rest)
     e2e._states = _with_extra_leaves(e2e._states)
     if args.name == "e2e_h200":
         args.name = "step_ablation"
 
+    import copy
+
     import jax
     import jax.numpy as jnp
 
     from models import init_params
+
+    generate = sys.modules["hyquant_jax.generate"]  # the module (the package exports a function of that name)
 
     config = e2e._model(args)
     params = jax.block_until_ready(init_params(jax.random.PRNGKey(0), config, jnp.bfloat16))
@@ -243,13 +267,24 @@ def main(argv=None) -> None:
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"{args.name}.json")
     rows = []
+    default_decode = generate.decode
+    forced = {mode: generate.decode_with_options(generate.decode_compiler_options("", device_loops=mode == "device"))
+              for mode in ("host", "device")}
     for prefix in e2e._ints(args.prefixes):
         for name in names:
-            if name in KERNEL_VARIANTS and not on_gpu:
+            base, mods = split_variant(name)
+            if base in KERNEL_VARIANTS and not on_gpu:
                 print(f"{name}: skipped (needs the GPU kernels)", flush=True)
                 continue
-            row = e2e._guarded(lambda: e2e._decode_config(args, params, config, attention_for(name, hybrid), name,
-                                                          prefix, 1), method=name, prefix=prefix, batch=1)
+            row_args = copy.copy(args)
+            row_args.stop_token = args.stop_token or "stop" in mods
+            mode = next((m for m in ("host", "device") if m in mods), None)
+            generate.decode = forced[mode] if mode else default_decode  # e2e reads it per call
+            try:
+                row = e2e._guarded(lambda: e2e._decode_config(row_args, params, config, attention_for(base, hybrid),
+                                                              name, prefix, 1), method=name, prefix=prefix, batch=1)
+            finally:
+                generate.decode = default_decode
             rows.append(row)
             print(f"{prefix:>7} {name:>16} {row.get('step_ms', float('nan')):8.3f} ms "
                   f"{row.get('loop_seconds', '')} {row.get('error', '')[:80]}", flush=True)

@@ -1,5 +1,7 @@
 """Summarize XLA's command-buffer log of a probe run: per variant, how often and how long the loop body's CUDA
-graph was updated (`Updated command buffer in X us; num_commands=N`) and the `needs_update` flags.
+graph was updated (`Updated command buffer in X us; num_commands=N`) and the `needs_update` flags; every timed
+log message; and the while loops: how often a condition was evaluated on the host (each a read-back the host
+waits for) and how each loop was set up (trip count, body as a graph or not).
 
 The log comes from a run with TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=command_buffer_thunk=3,while_thunk=3, e.g.
   TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=command_buffer_thunk=3,while_thunk=3 PYTHONPATH=. python \
@@ -46,3 +48,19 @@ for line in op(path, "rt", errors="replace"):
         timed[key][1] += int(m.group(2))
 for (variant, msg), (n, total) in sorted(timed.items(), key=lambda kv: -kv[1][1])[:40]:
     print(f"{variant:>22} n={n:>5} total_us={total:>9} {msg}")
+# host-driven loops: per variant, how often a while loop's condition was evaluated on the host (one read-back
+# and host wait each) and how each while loop was set up (trip count, whether its body runs as a graph)
+loops = collections.Counter()
+cur = "start"
+for line in op(path, "rt", errors="replace"):
+    m3 = re.match(r"\s+(\d+)\s+(\S+)\s+([\d.]+) ms", line)
+    if m3:
+        cur = "after " + m3.group(2)
+        continue
+    for pattern in (r"Executing WhileThunk condition computation", r"WhileThunk::Initialize command buffer: .*",
+                    r"Executing WhileThunk for \d+ iterations", r"[A-Za-z]*While[A-Za-z]*Cmd[^;]*"):
+        m = re.search(pattern, line)
+        if m:
+            loops[(cur, re.sub(r"\d+", "#", m.group(0))[:150])] += 1
+for (variant, msg), n in sorted(loops.items()):
+    print(f"{variant:>22} n={n:>6} {msg}")

@@ -14,7 +14,9 @@ and its per-layer states:
    layer's buffers with dynamic-update-slice / scatter, so XLA updates the
    donated buffers in place; nothing rewrites a whole cache per step. A
    sequence stops at one of `eos_ids` or after `max_new_tokens`; the loop
-   ends when all have stopped.
+   ends when all have stopped. Loops that stop on data (stop tokens, the
+   hybrid cache's runs between window flushes) run as device-side loops in
+   one CUDA graph on the GPU (`uses_device_loops`).
 
 Capacities are static: `max_len` tokens per sequence, checked on the host.
 """
@@ -171,24 +173,70 @@ def _is_eos(tokens, eos_ids: tuple[int, ...]):
     return hit
 
 
-def decode_compiler_options(xla_flags: str) -> dict[str, str]:
-    """XLA options of the jitted `decode`: the loop body's CUDA graph ordered by data only (CONCURRENT).
+# XLA's command-buffer kinds by default in jax 0.11.2 (read from its DebugOptions; benchmarks/NOTES.md, session 32)
+XLA_COMMAND_BUFFER_KINDS = ("FUSION", "CUBLAS", "CUBLASLT", "CUDNN", "CUSTOM_CALL", "DYNAMIC_SLICE_FUSION",
+                            "CONDITIONAL")
+
+
+def decode_compiler_options(xla_flags: str, device_loops: bool = False) -> dict[str, str]:
+    """XLA options of the jitted `decode`: the loop body's CUDA graph ordered by data only (CONCURRENT), and
+    with `device_loops` WHILE among the command-buffer kinds.
 
     XLA's default (LHS) chains the graph's kernels in program order; CONCURRENT lets independent kernels
     (e.g. the hybrid decode's two attention launches, or a layer's norm and cache writes next to its
     products) overlap. Same call on the H200, B=1 Qwen3-8B shape, ms per step at 1K / 32K
     (benchmarks/results/e2e_variants_s33a_h200.json): bf16 4.84 / 6.25 -> 4.58 / 6.00; hyquant with a
     branch-free step 5.31 / 6.21 -> 5.21 / 6.04 (with a `lax.cond` in every step it was 5.37 / 6.19,
-    hence `steps_until_begin`). A scheduling mode in `xla_flags` (XLA_FLAGS, read at import) wins.
+    hence `steps_until_begin`).
+
+    device_loops: a while loop whose trip count XLA cannot know (it stops on data) otherwise runs from the
+    host: each step the host reads the condition back, waits for the GPU to drain, then launches the next
+    body graph. With WHILE the loops become device-side loops inside one CUDA graph (nothing per step on the
+    host). See `uses_device_loops` for when `decode` takes them, and benchmarks/NOTES.md (session 37) for
+    the measurements. A setting of the same option in `xla_flags` (XLA_FLAGS, read at import) wins.
     """
-    if "xla_gpu_command_buffer_scheduling_mode" in xla_flags:
-        return {}
-    return {"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}
+    options = {}
+    if "xla_gpu_command_buffer_scheduling_mode" not in xla_flags:
+        options["xla_gpu_command_buffer_scheduling_mode"] = "CONCURRENT"
+    if device_loops and "xla_gpu_enable_command_buffer" not in xla_flags:
+        options["xla_gpu_enable_command_buffer"] = ",".join(XLA_COMMAND_BUFFER_KINDS + ("WHILE",))
+    return options
 
 
-@_jit_with_options(decode_compiler_options(os.environ.get("XLA_FLAGS", "")),
-                   static_argnames=("config", "attention", "sampling", "max_new_tokens", "eos_ids", "pad_id",
-                                    "layer_kernels"), donate_argnames=("states",))
+def uses_device_loops(attention, eos_ids: tuple[int, ...]) -> bool:
+    """Whether `decode`'s loops stop on data: with stop tokens, or with an attention that runs the steps
+    between its once-per-step work in an inner loop (`steps_until_begin`: the hybrid cache). XLA knows the
+    trip count of the other loops (no stop tokens, one flat loop) and launches their steps from the host
+    without reading anything back, which measured faster than a device-side loop; the rest run on the
+    device (`decode_compiler_options`)."""
+    inner = getattr(attention, "inner", attention)  # hyquant_jax.sharding.ShardedAttention wraps one
+    return bool(eos_ids) or getattr(inner, "steps_until_begin", None) is not None
+
+
+DECODE_JIT = dict(static_argnames=("config", "attention", "sampling", "max_new_tokens", "eos_ids", "pad_id",
+                                   "layer_kernels"), donate_argnames=("states",))
+
+
+class _DecodeJit:
+    """`decode` as two top-level jits, with host-driven or device-side loops (`uses_device_loops` of the call's
+    attention and eos_ids picks one); each compiles on first use."""
+
+    def __init__(self, fn, xla_flags: str):
+        self.host = _TopLevelJit(fn, decode_compiler_options(xla_flags), **DECODE_JIT)
+        self.device = _TopLevelJit(fn, decode_compiler_options(xla_flags, device_loops=True), **DECODE_JIT)
+        functools.update_wrapper(self, fn)
+
+    def _pick(self, kwargs):
+        return self.device if uses_device_loops(kwargs["attention"], kwargs["eos_ids"]) else self.host
+
+    def __call__(self, *args, **kwargs):
+        return self._pick(kwargs)(*args, **kwargs)
+
+    def lower(self, *args, **kwargs):
+        return self._pick(kwargs).lower(*args, **kwargs)
+
+
+@functools.partial(_DecodeJit, xla_flags=os.environ.get("XLA_FLAGS", ""))
 def decode(params: Params, states: tuple, first: jax.Array, lengths: jax.Array, key: jax.Array, *,
            config: ModelConfig, attention, sampling: SamplingConfig, max_new_tokens: int,
            eos_ids: tuple[int, ...], pad_id: int, layer_kernels: str | None = None):
@@ -247,6 +295,12 @@ def decode(params: Params, states: tuple, first: jax.Array, lengths: jax.Array, 
     skips = steps_until_begin(attention, states, DecodeContext(lengths, active)) is not None
     step, out, _, positions, _, count, states = jax.lax.while_loop(cond, run_of_steps if skips else body, carry)
     return out, count, states, positions, step - 1
+
+
+def decode_with_options(compiler_options: dict[str, str]):
+    """`decode` compiled with these XLA options instead of `decode_compiler_options`' (benchmarks compare
+    options in one process with it)."""
+    return _TopLevelJit(decode.__wrapped__, compiler_options, **DECODE_JIT)
 
 
 def check_capacity(lengths: np.ndarray, padded_len: int, max_new_tokens: int, max_len: int | None,

@@ -285,3 +285,68 @@ def test_decode_compiler_options():
     with pytest.raises(Exception, match="not a valid enum value"):
         jax.jit(lambda a: a * 3, compiler_options={"xla_gpu_command_buffer_scheduling_mode": "CONCURRENTLY"})(x)
     assert decode_compiler_options("--xla_gpu_command_buffer_scheduling_mode=LHS") == {}
+    device = decode_compiler_options("", device_loops=True)
+    assert device["xla_gpu_enable_command_buffer"].split(",")[-1] == "WHILE"
+    np.testing.assert_array_equal(jax.jit(lambda a: a * 2, compiler_options=device)(x), x * 2)
+    assert "xla_gpu_enable_command_buffer" not in decode_compiler_options(
+        "--xla_gpu_enable_command_buffer=FUSION", device_loops=True)
+
+
+def test_decode_loops_run_on_the_device_when_they_stop_on_data():
+    """Host-driven loops where XLA knows the trip count (no stop tokens, one flat loop), device-side ones
+    otherwise (stop tokens; the hybrid cache's inner loop between flushes), also through a sharding wrapper."""
+    import types
+
+    from hyquant_jax.generate import uses_device_loops
+
+    hybrid = make_attention("hyquant", SMALL_HQ)
+    assert not uses_device_loops(BF16Attention(), ())
+    assert uses_device_loops(BF16Attention(), (2,))
+    assert uses_device_loops(hybrid, ())
+    assert uses_device_loops(types.SimpleNamespace(inner=hybrid), ())
+    assert not uses_device_loops(types.SimpleNamespace(inner=BF16Attention()), ())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["bf16", "hyquant"])
+def test_gpu_decode_loops_on_the_device_match_the_host_loops(monkeypatch, kind):
+    """`decode` with WHILE among its command-buffer kinds (the loops run as device-side loops in the CUDA graph)
+    gives the same tokens, lengths and caches as with the loops driven from the host (one condition read-back a
+    step), bit for bit: greedy, a ragged batch, a stop token that ends one sequence early, more steps than a
+    window flush period; hyquant through the Triton and Mosaic kernels (the Mosaic threshold lowered)."""
+    import pallas_kernels.decode_mgpu as decode_mgpu
+    from hyquant_jax import decode_kernel
+
+    module = importlib.import_module("hyquant_jax.generate")  # the package exports a function of that name
+    config = dataclasses.replace(CONFIG, architecture="qwen3", qk_norm=True, vocab_size=512, hidden_size=1024,
+                                 intermediate_size=1024, num_heads=32, num_kv_heads=8, head_dim=128)
+    params = init_params(jax.random.PRNGKey(5), config, jnp.bfloat16)
+    rng = np.random.default_rng(6)
+    prompts = [rng.integers(0, config.vocab_size, n).tolist() for n in (411, 333)]
+    attn = BF16Attention() if kind == "bf16" else make_attention("hyquant", HyQuantConfig(), backend="pallas")
+    mosaic_calls = []
+    monkeypatch.setattr(decode_kernel, "MOSAIC_MIN_PAGES", 1)
+    real = decode_mgpu.low_bit_splits
+    monkeypatch.setattr(decode_mgpu, "low_bit_splits", lambda *a, **k: mosaic_calls.append(1) or real(*a, **k))
+    base = module.decode_compiler_options("")
+
+    def run(kinds, eos=()):
+        options = {**base, "xla_gpu_enable_command_buffer": ",".join(kinds)}
+        monkeypatch.setattr(module, "decode", module.decode_with_options(options))
+        return module.generate(params, config, prompts, attention=attn, max_new_tokens=100, eos_ids=eos,
+                               keep_states=True)
+
+    host = module.XLA_COMMAND_BUFFER_KINDS
+    device = host + ("WHILE",)
+    free = run(host)
+    seq = free.sequences()[0]
+    firsts = [i for i in range(1, len(seq)) if seq[i] not in seq[:i]]  # a token's first place: stops there
+    stop = next((i for i in firsts if i >= 40), firsts[-1] if firsts else len(seq) - 1)  # past a flush if it can
+    for eos in ((), (seq[stop],) if firsts else (config.vocab_size,)):
+        a, b = run(host, eos), run(device, eos)
+        np.testing.assert_array_equal(a.tokens, b.tokens)
+        np.testing.assert_array_equal(a.lengths, b.lengths)
+        for x, y in zip(jax.tree_util.tree_leaves(a.states), jax.tree_util.tree_leaves(b.states)):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert a.lengths[0] == stop + 1 and a.lengths[1] <= 100
+    assert kind == "bf16" or mosaic_calls  # the hybrid decode traced the Mosaic kernel
