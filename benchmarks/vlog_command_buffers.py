@@ -33,34 +33,35 @@ for k, v in seg.items():
         if len(uss) > 2:
             print(k, "num_commands", n, "updates", len(uss), "median us", statistics.median(uss), "max", max(uss))
 print(dict(flags))
-# every timed log message ("... in N us ..."), per variant: count and total
+def log_lines_by_variant():
+    """(segment, line) for every log line that is not a probe result line; the lines after variant X's result
+    are in segment "after X" (those of the variant that ran next), the first ones in "start"."""
+    cur = "start"
+    for line in op(path, "rt", errors="replace"):
+        m3 = re.match(r"\s+(\d+)\s+(\S+)\s+([\d.]+) ms", line)
+        if m3:
+            cur = "after " + m3.group(2)
+        else:
+            yield cur, line
+
+
+# every timed log message ("... in N us ..."), per variant: count and total; and the host-driven loops: per
+# variant, how often a while loop's condition was evaluated on the host (one read-back and host wait each) and
+# how each while loop was set up (trip count, whether its body runs as a graph)
 timed = collections.defaultdict(lambda: [0, 0])
-cur = "start"
-for line in op(path, "rt", errors="replace"):
-    m3 = re.match(r"\s+(\d+)\s+(\S+)\s+([\d.]+) ms", line)
-    if m3:
-        cur = "after " + m3.group(2)
-        continue
+loops = collections.Counter()
+for cur, line in log_lines_by_variant():
     m = re.search(r"\] (.*?) in (\d+) .s(.*)", line)
     if m:
         key = (cur, re.sub(r"\d+", "#", m.group(1) + m.group(3))[:120])
         timed[key][0] += 1
         timed[key][1] += int(m.group(2))
-for (variant, msg), (n, total) in sorted(timed.items(), key=lambda kv: -kv[1][1])[:40]:
-    print(f"{variant:>22} n={n:>5} total_us={total:>9} {msg}")
-# host-driven loops: per variant, how often a while loop's condition was evaluated on the host (one read-back
-# and host wait each) and how each while loop was set up (trip count, whether its body runs as a graph)
-loops = collections.Counter()
-cur = "start"
-for line in op(path, "rt", errors="replace"):
-    m3 = re.match(r"\s+(\d+)\s+(\S+)\s+([\d.]+) ms", line)
-    if m3:
-        cur = "after " + m3.group(2)
-        continue
     for pattern in (r"Executing WhileThunk condition computation", r"WhileThunk::Initialize command buffer: .*",
                     r"Executing WhileThunk for \d+ iterations", r"[A-Za-z]*While[A-Za-z]*Cmd[^;]*"):
         m = re.search(pattern, line)
         if m:
             loops[(cur, re.sub(r"\d+", "#", m.group(0))[:150])] += 1
+for (variant, msg), (n, total) in sorted(timed.items(), key=lambda kv: -kv[1][1])[:40]:
+    print(f"{variant:>22} n={n:>5} total_us={total:>9} {msg}")
 for (variant, msg), n in sorted(loops.items()):
     print(f"{variant:>22} n={n:>6} {msg}")
