@@ -1,0 +1,133 @@
+"""Write ablated copies of the Mosaic low-bit decode kernel's module, to find what bounds its page loop.
+
+Each variant is `pallas_kernels/decode_mgpu.py` with one part of the per-page work taken out or doubled. The
+outputs of most are meaningless; only their time per call is evidence (`benchmarks/decode_mgpu_ab.py --variant`
+times them against the module as it is, one process, same inputs):
+
+  keys_const    the key tile is a constant (no code loads, no parameter staging, no unpack)
+  values_const  the value tile is a constant (no ldmatrix, no unpack)
+  tiles_const   both
+  qk_twice      the Q.K wgmma issued twice per page (the second accumulates on the first)
+  pv_twice      the P.V wgmma issued twice per page
+  no_redo       no lazy-max mark and no redo branch (the keep branch always; p overflows, timing only)
+  stages3/4     three or four page slots in flight instead of two
+  copy_only     the loop only waits for each page's copies and refills the slot: the kernel's streaming floor
+  copy_only_stages4  the same with four slots
+  codes_copies  the whole kernel, but only the two code copies per page (the scales and zero points are read
+                from slots never filled)
+  copy_only_codes    the streaming floor with only the two code copies per page
+
+If a part bounds the loop, taking it out shortens the call and doubling it lengthens it by about its share.
+Run here before a GPU call (the folder is git-ignored and carried): python benchmarks/mosaic_ablation_variants.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pallas_kernels",
+                      "decode_mgpu.py")
+
+_CONST_TILE = '''
+
+def _const_tile(shape):
+    """A WGMMA-layout f16 tile of ones: the tensor cores get an operand without the unpack."""
+    i32 = ir.IntegerType.get_signless(32)
+    layout = mgpu.WGMMA_LAYOUT
+    regs = np.empty(layout.registers_shape(shape), dtype=object)
+    one = _f16x2(arith.constant(i32, 0x3C003C00))
+    for index in np.ndindex(regs.shape):
+        regs[index] = one
+    return mgpu.FragmentedArray(_registers=regs, _layout=layout, _is_signed=None)
+'''
+_CONST_KEYS = '''
+
+def _key_tile(ctx, codes, scale, zero, staging):
+    del ctx, codes, scale, zero, staging
+    return _const_tile((PAGE, HEAD_DIM))
+'''
+_CONST_VALUES = '''
+
+def _value_tile(ctx, codes):
+    del ctx, codes
+    return _const_tile((HEAD_DIM, PAGE))
+'''
+QK = "            plgpu.wgmma(acc_ref, keys, q_s.T)\n"
+PV = "            plgpu.wgmma(acc_ref, values, p_s)\n"
+MARK = "            mark_page(above, mark, flag_s)\n"
+COND = "lax.cond(flag_s[page % 2] == page + 1, redo, keep)"
+STAGES = "num_splits: int, stages: int = 2,"
+LOOP = "    carry = (plgpu.layout_cast(jnp.zeros((HEAD_DIM, ROWS), jnp.float32), wg),\n"
+# inserted before the loop, this `body` replaces the kernel's: wait for the slot, then (after a warpgroup
+# barrier, as the kernel's commit orders its reads before the refill) refill it
+_COPY_BODY = """    def body(page, carry):
+        slot = (page - first) % stages
+        plgpu.barrier_wait(full.at[slot])
+        plgpu.commit_smem()
+
+        @pl.when(page + stages < stop)
+        def _refill():
+            @plgpu.warp_map
+            def _(warp):
+                @pl.when(warp == 0)
+                def _():
+                    issue(page + stages, slot)
+
+        return carry
+
+"""
+SMALL_COPIES = ("        plgpu.copy_gmem_to_smem(ks_ref.at[b, h, page], ks_s.at[slot], bar)\n",
+                "        plgpu.copy_gmem_to_smem(kz_ref.at[b, h, page], kz_s.at[slot], bar)\n",
+                "        plgpu.copy_gmem_to_smem(vs_ref.at[b, h, pl.ds(page * PAGE, PAGE)], vs_s.at[slot], bar)\n",
+                "        plgpu.copy_gmem_to_smem(vz_ref.at[b, h, pl.ds(page * PAGE, PAGE)], vz_s.at[slot], bar)\n")
+
+
+def _replace(text: str, old: str, new: str) -> str:
+    if text.count(old) != 1:
+        raise SystemExit(f"expected one occurrence of {old!r} in {SOURCE}, found {text.count(old)}")
+    return text.replace(old, new)
+
+
+def _codes_copies(text: str) -> str:
+    for line in SMALL_COPIES:
+        text = _replace(text, line, "")
+    return _replace(text, "COPIES_PER_PAGE = 6", "COPIES_PER_PAGE = 2")
+
+
+def variants(text: str) -> dict[str, str]:
+    """Variant name -> module source."""
+    copy_only = _replace(text, LOOP, _COPY_BODY + LOOP)
+    return {
+        "keys_const": text + _CONST_TILE + _CONST_KEYS,
+        "values_const": text + _CONST_TILE + _CONST_VALUES,
+        "tiles_const": text + _CONST_TILE + _CONST_KEYS + _CONST_VALUES,
+        "qk_twice": _replace(text, QK, QK + QK),
+        "pv_twice": _replace(text, PV, PV + PV),
+        "no_redo": _replace(_replace(text, MARK, ""), COND, "keep()"),
+        "stages3": _replace(text, STAGES, STAGES.replace("2", "3")),
+        "stages4": _replace(text, STAGES, STAGES.replace("2", "4")),
+        "copy_only": copy_only,
+        "copy_only_stages4": _replace(copy_only, STAGES, STAGES.replace("2", "4")),
+        "codes_copies": _codes_copies(text),
+        "copy_only_codes": _codes_copies(copy_only),
+    }
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=".gpu_run/ablation", help="folder for the variant modules")
+    p.add_argument("names", nargs="*", help="variants to write (default: all)")
+    args = p.parse_args()
+    with open(SOURCE) as f:
+        built = variants(f.read())
+    os.makedirs(args.out, exist_ok=True)
+    for name in args.names or built:
+        path = os.path.join(args.out, name + ".py")
+        with open(path, "w") as f:
+            f.write(built[name])
+        print(path)
+
+
+if __name__ == "__main__":
+    main()
