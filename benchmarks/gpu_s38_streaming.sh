@@ -3,14 +3,14 @@
 # Is the Mosaic low-bit kernel's B=1 page loop bound by streaming its pages in? The kernel against its
 # streaming floor (copy_only: the loop only waits for and refills the slots), with four slots, and with only
 # the two code copies per page (codes_copies, copy_only_codes); keys_const / tiles_const again (call 1's
-# spread was ~5-7%). B1 32K and 128K at 2 and 3 blocks per multiprocessor, then B16 32K at 2.
+# spread was ~5-7%), and the candidate pv_overlap. B1 32K and 128K at 2 and 3 blocks per multiprocessor, then B16 32K at 2.
 # Run on the GPU box from the repository root: bash benchmarks/gpu_s38_streaming.sh
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 variants=()
-for name in copy_only copy_only_stages4 codes_copies copy_only_codes keys_const tiles_const; do
+for name in copy_only copy_only_stages4 codes_copies copy_only_codes keys_const tiles_const pv_overlap; do
   variants+=(--variant ".gpu_run/ablation/$name.py")
 done
 summary() {

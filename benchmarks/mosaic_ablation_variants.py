@@ -16,6 +16,13 @@ times them against the module as it is, one process, same inputs):
   codes_copies  the whole kernel, but only the two code copies per page (the scales and zero points are read
                 from slots never filled)
   copy_only_codes    the streaming floor with only the two code copies per page
+  pv_overlap    a candidate, not an ablation (exact): the next page's wait and key unpack run while the tensor
+                cores do this page's P.V (the key tile is carried to the next iteration)
+  wide_keys     a candidate (exact): a page's key codes copied as a [16, 256]-byte box instead of [64, 64]
+                (the same bytes in the same order in shared memory)
+  wide          a candidate (exact): wide keys, and the value codes as a [32, 128]-byte box with the 128-byte
+                swizzle (two tokens a row; the ldmatrix addresses follow)
+  copy_only_wide     the streaming floor with the wide boxes
 
 If a part bounds the loop, taking it out shortens the call and doubling it lengthens it by about its share.
 Run here before a GPU call (the folder is git-ignored and carried): python benchmarks/mosaic_ablation_variants.py
@@ -89,6 +96,121 @@ def _replace(text: str, old: str, new: str) -> str:
     return text.replace(old, new)
 
 
+BODY_START = "    def body(page, carry):\n"
+BODY_END = "    acc, m, l_part, z_part = lax.fori_loop(first, stop, body, carry)\n"
+_PV_OVERLAP_BODY = """    def next_keys(page):
+        slot = (page - first) % stages
+        with jax.named_scope("wait"):
+            plgpu.barrier_wait(full.at[slot])
+        with jax.named_scope("keys"):
+            return key_tile(kc_s.at[slot], ks_s.at[slot], kz_s.at[slot], staging_s)
+
+    def body(page, carry):
+        acc, m, l_part, z_part, keys = carry
+        slot = (page - first) % stages
+        count = plgpu.load(cnt_ref.at[b, page])
+
+        def qk(acc_ref):
+            plgpu.wgmma(acc_ref, keys, q_s.T)
+            values = value_tile(vc_s.at[slot])
+            return acc_ref[...], values
+
+        with jax.named_scope("qk_values"):
+            s, values = pl.run_scoped(qk, plgpu.ACC((PAGE, ROWS), jnp.float32))
+        with jax.named_scope("softmax"):
+            tokens = plgpu.broadcasted_iota(jnp.int32, (PAGE, ROWS), 0, layout=wg)
+            s = jnp.where(tokens < count, s, -jnp.inf)
+            v_scale = plgpu.load(vs_s.at[slot], layout=wg.reduce(1)).astype(jnp.float32)
+            v_zero = plgpu.load(vz_s.at[slot], layout=wg.reduce(1)).astype(jnp.float32)
+            above = s - per_row(m)
+            p = jnp.exp2(above)
+            p_s[...] = (p * per_token(v_scale)).astype(jnp.float16)
+            mark = plgpu.layout_cast(jnp.full((PAGE, ROWS), page + 1, jnp.int32), wg)
+            mark_page(above, mark, flag_s)
+        with jax.named_scope("commit"):
+            plgpu.commit_smem()
+
+        def redo():
+            m_new = jnp.maximum(m, s.max(axis=0))
+            alpha = jnp.exp2(m - m_new)
+            p = jnp.exp2(s - per_row(m_new))
+            p_s[...] = (p * per_token(v_scale)).astype(jnp.float16)
+            plgpu.commit_smem()
+            return (acc * lax.broadcast_in_dim(alpha, acc.shape, [1]), m_new,
+                    l_part * per_row(alpha) + p, z_part * per_row(alpha) + p * per_token(v_zero))
+
+        def keep():
+            return acc, m, l_part + p, z_part + p * per_token(v_zero)
+
+        with jax.named_scope("redo"):
+            acc, m, l_part, z_part = lax.cond(flag_s[page % 2] == page + 1, redo, keep)
+
+        @pl.when(page + stages < stop)
+        def _refill():
+            @plgpu.warp_map
+            def _(warp):
+                @pl.when(warp == 0)
+                def _():
+                    issue(page + stages, slot)
+
+        def pv(acc_ref):
+            plgpu.wgmma(acc_ref, values, p_s)
+            # the next page's keys while the tensor cores run P.V (the last page keeps its own: unused)
+            following = lax.cond(page + 1 < stop, lambda: next_keys(page + 1), lambda: keys)
+            return acc_ref[...], following
+
+        with jax.named_scope("pv"):
+            out, keys = pl.run_scoped(pv, plgpu.ACC((HEAD_DIM, ROWS), jnp.float32))
+            acc = acc + out
+        return acc, m, l_part, z_part, keys
+
+    zero_keys = plgpu.layout_cast(jnp.zeros((PAGE, HEAD_DIM), jnp.float16), wg)
+    carry = (plgpu.layout_cast(jnp.zeros((HEAD_DIM, ROWS), jnp.float32), wg),
+             plgpu.layout_cast(jnp.full((ROWS,), NEG_INIT, jnp.float32), wg.reduce(0)),
+             plgpu.layout_cast(jnp.zeros((PAGE, ROWS), jnp.float32), wg),
+             plgpu.layout_cast(jnp.zeros((PAGE, ROWS), jnp.float32), wg),
+             lax.cond(first < stop, lambda: next_keys(first), lambda: zero_keys))
+    acc, m, l_part, z_part, _ = lax.fori_loop(first, stop, body, carry)
+"""
+
+
+def _pv_overlap(text: str) -> str:
+    start, end = text.index(BODY_START), text.index(BODY_END) + len(BODY_END)
+    if text.count(BODY_START) != 1 or text.count(BODY_END) != 1:
+        raise SystemExit(f"expected one loop body in {SOURCE}")
+    return text[:start] + _PV_OVERLAP_BODY + text[end:]
+
+
+WIDE_KEYS = [
+    ("        plgpu.copy_gmem_to_smem(kc_ref.at[b, h, pl.ds(page * PAGE, PAGE)], kc_s.at[slot], bar)\n",
+     "        plgpu.copy_gmem_to_smem(kc_ref.at[b, h, pl.ds(page * 16, 16)], kc_s.at[slot], bar)\n"),
+    ("            plgpu.SMEM((stages, PAGE, BYTES), u8),\n", "            plgpu.SMEM((stages, 16, 256), u8),\n"),
+    ("    o_t, ml = kernel(q, k_codes,", "    o_t, ml = kernel(q, k_codes.reshape(bsz, heads, pages * 16, 256),"),
+]
+WIDE_VALUES = [
+    ("        plgpu.copy_gmem_to_smem(vc_ref.at[b, h, pl.ds(page * PAGE, PAGE)], vc_s.at[slot], bar)\n",
+     "        plgpu.copy_gmem_to_smem(vc_ref.at[b, h, pl.ds(page * 32, 32)], vc_s.at[slot], bar)\n"),
+    ("            plgpu.SMEM((stages, PAGE, BYTES), u8, transforms=_swizzled(u8, BYTES)),",
+     "            plgpu.SMEM((stages, 32, 128), u8, transforms=_swizzled(u8, 128)),"),
+    ("        arg_types=(plgpu.RefType(transforms=_swizzled(jnp.uint8, BYTES)),),",
+     "        arg_types=(plgpu.RefType(transforms=_swizzled(jnp.uint8, 128)),),"),
+    (" k_zero, v_codes, v_scale, v_zero, page_count, num_pages)\n    return",
+     " k_zero, v_codes.reshape(bsz, heads, pages * 32, 128), v_scale, v_zero, page_count, num_pages)\n    return"),
+    # token t is row t // 2, bytes 64 (t % 2) onwards; 128-byte swizzle: 16-byte chunk c of row r at c ^ (r % 8)
+    ("        chunk = arith.xori(w, arith.remui(arith.divui(token, c(2)), c(4)))\n"
+     "        addr = arith.addi(base, arith.addi(arith.muli(token, c(PAGE)), arith.muli(chunk, c(16))))\n",
+     "        row = arith.divui(token, c(2))\n"
+     "        chunk = arith.xori(arith.addi(arith.muli(arith.remui(token, c(2)), c(4)), w), arith.remui(row, c(8)))\n"
+     "        addr = arith.addi(base, arith.addi(arith.muli(row, c(128)), arith.muli(chunk, c(16))))\n"),
+]
+
+
+def _apply(text: str, pairs) -> str:
+    for old, new in pairs:
+        text = _replace(text, old, new)
+    return text
+
+
 def _codes_copies(text: str) -> str:
     for line in SMALL_COPIES:
         text = _replace(text, line, "")
@@ -111,6 +233,10 @@ def variants(text: str) -> dict[str, str]:
         "copy_only_stages4": _replace(copy_only, STAGES, STAGES.replace("2", "4")),
         "codes_copies": _codes_copies(text),
         "copy_only_codes": _codes_copies(copy_only),
+        "pv_overlap": _pv_overlap(text),
+        "wide_keys": _apply(text, WIDE_KEYS),
+        "wide": _apply(text, WIDE_KEYS + WIDE_VALUES),
+        "copy_only_wide": _apply(copy_only, WIDE_KEYS + WIDE_VALUES),
     }
 
 
