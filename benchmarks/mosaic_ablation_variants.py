@@ -23,6 +23,7 @@ times them against the module as it is, one process, same inputs):
   wide          a candidate (exact): wide keys, and the value codes as a [32, 128]-byte box with the 128-byte
                 swizzle (two tokens a row; the ldmatrix addresses follow)
   copy_only_wide     the streaming floor with the wide boxes
+  wide_keys_const    wide, with the key tile a constant (what is left once the keys cost nothing)
 
 If a part bounds the loop, taking it out shortens the call and doubling it lengthens it by about its share.
 Run here before a GPU call (the folder is git-ignored and carried): python benchmarks/mosaic_ablation_variants.py
@@ -237,6 +238,7 @@ def variants(text: str) -> dict[str, str]:
         "wide_keys": _apply(text, WIDE_KEYS),
         "wide": _apply(text, WIDE_KEYS + WIDE_VALUES),
         "copy_only_wide": _apply(copy_only, WIDE_KEYS + WIDE_VALUES),
+        "wide_keys_const": _apply(text, WIDE_KEYS + WIDE_VALUES) + _CONST_TILE + _CONST_KEYS,
     }
 
 
