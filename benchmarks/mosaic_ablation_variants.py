@@ -93,7 +93,7 @@ SMALL_COPIES = ("        plgpu.copy_gmem_to_smem(ks_ref.at[b, h, page], ks_s.at[
 
 def _replace(text: str, old: str, new: str) -> str:
     if text.count(old) != 1:
-        raise SystemExit(f"expected one occurrence of {old!r} in {SOURCE}, found {text.count(old)}")
+        raise ValueError(f"expected one occurrence of {old!r} in {SOURCE}, found {text.count(old)}")
     return text.replace(old, new)
 
 
@@ -176,9 +176,9 @@ _PV_OVERLAP_BODY = """    def next_keys(page):
 
 
 def _pv_overlap(text: str) -> str:
-    start, end = text.index(BODY_START), text.index(BODY_END) + len(BODY_END)
     if text.count(BODY_START) != 1 or text.count(BODY_END) != 1:
-        raise SystemExit(f"expected one loop body in {SOURCE}")
+        raise ValueError(f"expected one loop body in {SOURCE}")
+    start, end = text.index(BODY_START), text.index(BODY_END) + len(BODY_END)
     return text[:start] + _PV_OVERLAP_BODY + text[end:]
 
 
