@@ -97,89 +97,46 @@ def _replace(text: str, old: str, new: str) -> str:
     return text.replace(old, new)
 
 
-BODY_START = "    def body(page, carry):\n"
-BODY_END = "    acc, m, l_part, z_part = lax.fori_loop(first, stop, body, carry)\n"
-_PV_OVERLAP_BODY = """    def next_keys(page):
+# pv_overlap: the loop carries the next page's key tile, made while the tensor cores run this page's P.V
+PV_OVERLAP = [
+    ("    def body(page, carry):\n", """    def next_keys(page):
         slot = (page - first) % stages
+        plgpu.barrier_wait(full.at[slot])
+        return key_tile(kc_s.at[slot], ks_s.at[slot], kz_s.at[slot], staging_s)
+
+    def body(page, carry):
+"""),
+    ("""        acc, m, l_part, z_part = carry
+        slot = (page - first) % stages
+        count = plgpu.load(cnt_ref.at[b, page])  # issued before the wait: its latency hides behind the copy
         with jax.named_scope("wait"):
             plgpu.barrier_wait(full.at[slot])
         with jax.named_scope("keys"):
-            return key_tile(kc_s.at[slot], ks_s.at[slot], kz_s.at[slot], staging_s)
-
-    def body(page, carry):
-        acc, m, l_part, z_part, keys = carry
+            keys = key_tile(kc_s.at[slot], ks_s.at[slot], kz_s.at[slot], staging_s)
+""", """        acc, m, l_part, z_part, keys = carry
         slot = (page - first) % stages
         count = plgpu.load(cnt_ref.at[b, page])
-
-        def qk(acc_ref):
-            plgpu.wgmma(acc_ref, keys, q_s.T)
-            values = value_tile(vc_s.at[slot])
-            return acc_ref[...], values
-
-        with jax.named_scope("qk_values"):
-            s, values = pl.run_scoped(qk, plgpu.ACC((PAGE, ROWS), jnp.float32))
-        with jax.named_scope("softmax"):
-            tokens = plgpu.broadcasted_iota(jnp.int32, (PAGE, ROWS), 0, layout=wg)
-            s = jnp.where(tokens < count, s, -jnp.inf)
-            v_scale = plgpu.load(vs_s.at[slot], layout=wg.reduce(1)).astype(jnp.float32)
-            v_zero = plgpu.load(vz_s.at[slot], layout=wg.reduce(1)).astype(jnp.float32)
-            above = s - per_row(m)
-            p = jnp.exp2(above)
-            p_s[...] = (p * per_token(v_scale)).astype(jnp.float16)
-            mark = plgpu.layout_cast(jnp.full((PAGE, ROWS), page + 1, jnp.int32), wg)
-            mark_page(above, mark, flag_s)
-        with jax.named_scope("commit"):
-            plgpu.commit_smem()
-
-        def redo():
-            m_new = jnp.maximum(m, s.max(axis=0))
-            alpha = jnp.exp2(m - m_new)
-            p = jnp.exp2(s - per_row(m_new))
-            p_s[...] = (p * per_token(v_scale)).astype(jnp.float16)
-            plgpu.commit_smem()
-            return (acc * lax.broadcast_in_dim(alpha, acc.shape, [1]), m_new,
-                    l_part * per_row(alpha) + p, z_part * per_row(alpha) + p * per_token(v_zero))
-
-        def keep():
-            return acc, m, l_part + p, z_part + p * per_token(v_zero)
-
-        with jax.named_scope("redo"):
-            acc, m, l_part, z_part = lax.cond(flag_s[page % 2] == page + 1, redo, keep)
-
-        @pl.when(page + stages < stop)
-        def _refill():
-            @plgpu.warp_map
-            def _(warp):
-                @pl.when(warp == 0)
-                def _():
-                    issue(page + stages, slot)
-
-        def pv(acc_ref):
-            plgpu.wgmma(acc_ref, values, p_s)
-            # the next page's keys while the tensor cores run P.V (the last page keeps its own: unused)
-            following = lax.cond(page + 1 < stop, lambda: next_keys(page + 1), lambda: keys)
+"""),
+    ("""            plgpu.wgmma(acc_ref, values, p_s)
+            return acc_ref[...]
+""", """            plgpu.wgmma(acc_ref, values, p_s)
+            following = lax.cond(page + 1 < stop, lambda: next_keys(page + 1), lambda: keys)  # last: unused
             return acc_ref[...], following
-
-        with jax.named_scope("pv"):
-            out, keys = pl.run_scoped(pv, plgpu.ACC((HEAD_DIM, ROWS), jnp.float32))
+"""),
+    ("""            acc = acc + pl.run_scoped(pv, plgpu.ACC((HEAD_DIM, ROWS), jnp.float32))
+        return acc, m, l_part, z_part
+""", """            out, keys = pl.run_scoped(pv, plgpu.ACC((HEAD_DIM, ROWS), jnp.float32))
             acc = acc + out
         return acc, m, l_part, z_part, keys
-
-    zero_keys = plgpu.layout_cast(jnp.zeros((PAGE, HEAD_DIM), jnp.float16), wg)
-    carry = (plgpu.layout_cast(jnp.zeros((HEAD_DIM, ROWS), jnp.float32), wg),
-             plgpu.layout_cast(jnp.full((ROWS,), NEG_INIT, jnp.float32), wg.reduce(0)),
-             plgpu.layout_cast(jnp.zeros((PAGE, ROWS), jnp.float32), wg),
-             plgpu.layout_cast(jnp.zeros((PAGE, ROWS), jnp.float32), wg),
-             lax.cond(first < stop, lambda: next_keys(first), lambda: zero_keys))
+"""),
+    ("""             plgpu.layout_cast(jnp.zeros((PAGE, ROWS), jnp.float32), wg))
+    acc, m, l_part, z_part = lax.fori_loop(first, stop, body, carry)
+""", """             plgpu.layout_cast(jnp.zeros((PAGE, ROWS), jnp.float32), wg),
+             lax.cond(first < stop, lambda: next_keys(first),
+                      lambda: plgpu.layout_cast(jnp.zeros((PAGE, HEAD_DIM), jnp.float16), wg)))
     acc, m, l_part, z_part, _ = lax.fori_loop(first, stop, body, carry)
-"""
-
-
-def _pv_overlap(text: str) -> str:
-    if text.count(BODY_START) != 1 or text.count(BODY_END) != 1:
-        raise ValueError(f"expected one loop body in {SOURCE}")
-    start, end = text.index(BODY_START), text.index(BODY_END) + len(BODY_END)
-    return text[:start] + _PV_OVERLAP_BODY + text[end:]
+"""),
+]
 
 
 WIDE_KEYS = [
@@ -234,7 +191,7 @@ def variants(text: str) -> dict[str, str]:
         "copy_only_stages4": _replace(copy_only, STAGES, STAGES.replace("2", "4")),
         "codes_copies": _codes_copies(text),
         "copy_only_codes": _codes_copies(copy_only),
-        "pv_overlap": _pv_overlap(text),
+        "pv_overlap": _apply(text, PV_OVERLAP),
         "wide_keys": _apply(text, WIDE_KEYS),
         "wide": _apply(text, WIDE_KEYS + WIDE_VALUES),
         "copy_only_wide": _apply(copy_only, WIDE_KEYS + WIDE_VALUES),
