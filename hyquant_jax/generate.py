@@ -117,6 +117,11 @@ def _jit_with_options(compiler_options: dict, **kwargs):
     return lambda fn: _TopLevelJit(fn, compiler_options, **kwargs)
 
 
+# XLA's command-buffer kinds by default in jax 0.11.2 (read from its DebugOptions; benchmarks/NOTES.md, session 32)
+XLA_COMMAND_BUFFER_KINDS = ("FUSION", "CUBLAS", "CUBLASLT", "CUDNN", "CUSTOM_CALL", "DYNAMIC_SLICE_FUSION",
+                            "CONDITIONAL")
+
+
 def prefill_compiler_options(xla_flags: str) -> dict[str, str]:
     """XLA options of the jitted `prefill`: command buffers (CUDA graphs) without custom calls.
 
@@ -128,7 +133,8 @@ def prefill_compiler_options(xla_flags: str) -> dict[str, str]:
     """
     if "xla_gpu_enable_command_buffer" in xla_flags:
         return {}
-    return {"xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUDNN,DYNAMIC_SLICE_FUSION"}
+    kinds = [k for k in XLA_COMMAND_BUFFER_KINDS if k not in ("CUSTOM_CALL", "CONDITIONAL")]
+    return {"xla_gpu_enable_command_buffer": ",".join(kinds)}
 
 
 @_jit_with_options(prefill_compiler_options(os.environ.get("XLA_FLAGS", "")),
@@ -171,11 +177,6 @@ def _is_eos(tokens, eos_ids: tuple[int, ...]):
     for e in eos_ids:
         hit = hit | (tokens == e)
     return hit
-
-
-# XLA's command-buffer kinds by default in jax 0.11.2 (read from its DebugOptions; benchmarks/NOTES.md, session 32)
-XLA_COMMAND_BUFFER_KINDS = ("FUSION", "CUBLAS", "CUBLASLT", "CUDNN", "CUSTOM_CALL", "DYNAMIC_SLICE_FUSION",
-                            "CONDITIONAL")
 
 
 def decode_compiler_options(xla_flags: str, device_loops: bool = False) -> dict[str, str]:
