@@ -263,7 +263,14 @@ def triton_splits(q, cache: HybridKVCache, lay: DecodeLayout, scale, num_warps, 
 @jax.jit(static_argnames=("lay", "scale", "num_warps", "num_stages", "interpret", "mosaic_launch"))
 def _run(q, cache: HybridKVCache, lay: DecodeLayout, scale, num_warps, num_stages, interpret, mosaic_launch=None):
     b, hq, d = q.shape
-    low = None if mosaic_launch is None else _mosaic_low_bit(q, cache, scale, *mosaic_launch)
+    low = None
+    if mosaic_launch is not None:
+        # The Mosaic launch reads the ring's counter (a select that keeps q), so the ring append of this step,
+        # one Pallas block, runs before the two attention launches instead of next to the Mosaic kernel (there it
+        # took 6.7 us, session 36's profile) while the Triton launch waited for it: B=1 32K 5.58 against 5.82 ms
+        # a step, 128K 7.11 against 7.37 (benchmarks/results/e2e_launch_order_s39.json).
+        q_after_append = jnp.where((cache.ring_len >= 0)[:, None, None], q, jnp.zeros_like(q))
+        low = _mosaic_low_bit(q_after_append, cache, scale, *mosaic_launch)
     o, m, l, ring = triton_splits(q, cache, lay, scale, num_warps, num_stages, interpret)
     if low is not None:
         o, m, l = (jnp.concatenate([x, y], axis=2) for x, y in zip(low, (o, m, l)))
