@@ -1,6 +1,7 @@
 #!/bin/bash
 # Session 39, call 3 (~8 min): main with the Mosaic launch after the ring append (decode_kernel._run).
-# (1) GPU tests of the hybrid decode through both kernels and of generate's device-side loops; (2) e2e B=1 at
+# (1) GPU tests of the hybrid decode through both kernels (the -k's "device_loops" matched no test; call 4,
+# gpu_s39_generate_tests.sh, ran generate's device-loop test); (2) e2e B=1 at
 # 1K / 32K / 128K (the README's table rows), and at 32K / 128K with a stop token (generate's case).
 set -u
 OUT=${OUT:-/tmp/out}
