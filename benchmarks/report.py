@@ -188,7 +188,8 @@ def main():
         d = _load(args.results, name)
         if d:
             print(f"{name}:\n\n{prefill_table(d)}\n")
-    for name in ("e2e_h200_s33.json", "e2e_h200_s31.json", "e2e_h200_s29.json", "e2e_h200_s27.json", "e2e_h200_s26.json", "e2e_h200.json",
+    for name in ("e2e_s39_b1.json", "e2e_s39_stop_token.json", "e2e_h200_s37.json", "e2e_h200_s33.json",
+                 "e2e_h200_s31.json", "e2e_h200_s29.json", "e2e_h200_s27.json", "e2e_h200_s26.json", "e2e_h200.json",
                  "e2e_h200_v1_kernel.json", "e2e_h200x2_qwen3_32b_tp2.json"):
         d = _load(args.results, name)
         if d:
