@@ -180,6 +180,24 @@ def test_e2e_stop_token_never_ends_the_timed_loops():
         assert row["step_ms"] > 0
 
 
+def test_e2e_workers_share_one_autotune_cache(tmp_path):
+    """e2e.py points every worker at one XLA per-fusion autotune cache (so methods run the same GEMM picks): a
+    fresh folder by default, a given one, none with "off"; a folder already in XLA_FLAGS is kept."""
+    from benchmarks import e2e
+
+    flag = "--xla_gpu_per_fusion_autotune_cache_dir"
+    env = {"XLA_FLAGS": "--xla_gpu_enable_pdl=true"}
+    folder = e2e._share_autotune_cache(env, "fresh", str(tmp_path))
+    assert env["XLA_FLAGS"] == f"--xla_gpu_enable_pdl=true {flag}={folder}" and (tmp_path / "autotune").is_dir()
+    assert e2e._share_autotune_cache(env, "fresh", str(tmp_path / "other")) == folder  # already set: kept
+    env = {}
+    assert e2e._share_autotune_cache(env, str(tmp_path / "mine"), str(tmp_path)) == str(tmp_path / "mine")
+    assert env["XLA_FLAGS"] == f"{flag}={tmp_path / 'mine'}"
+    env = {}
+    assert e2e._share_autotune_cache(env, "off", str(tmp_path)) is None and env == {}
+    assert e2e.parse_args([]).autotune_cache == "fresh"
+
+
 def test_flush_cond_probe_variants():
     """The probe's variants: the same attention but without the ring flush (its once-per-step work returns
     the states untouched), then also without ring scores; the first is timed again last."""
