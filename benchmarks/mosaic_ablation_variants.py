@@ -152,8 +152,8 @@ WIDE_VALUES = [
      "            plgpu.SMEM((stages, 32, 128), u8, transforms=_swizzled(u8, 128)),"),
     ("        arg_types=(plgpu.RefType(transforms=_swizzled(jnp.uint8, BYTES)),),",
      "        arg_types=(plgpu.RefType(transforms=_swizzled(jnp.uint8, 128)),),"),
-    (" k_zero, v_codes, v_scale, v_zero, page_count, num_pages)\n    return",
-     " k_zero, v_codes.reshape(bsz, heads, pages * 32, 128), v_scale, v_zero, page_count, num_pages)\n    return"),
+    (" k_zero, v_codes, v_scale, v_zero, page_count, num_pages)\n    if packed",
+     " k_zero, v_codes.reshape(bsz, heads, pages * 32, 128), v_scale, v_zero, page_count, num_pages)\n    if packed"),
     # token t is row t // 2, bytes 64 (t % 2) onwards; 128-byte swizzle: 16-byte chunk c of row r at c ^ (r % 8)
     ("        chunk = arith.xori(w, arith.remui(arith.divui(token, c(2)), c(4)))\n"
      "        addr = arith.addi(base, arith.addi(arith.muli(token, c(PAGE)), arith.muli(chunk, c(16))))\n",

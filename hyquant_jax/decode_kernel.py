@@ -6,7 +6,7 @@ at most 16) and caches of at least MOSAIC_MIN_PAGES pages, the low-bit pages go 
 `pallas_kernels.decode_mgpu` (Mosaic GPU) instead and the Triton kernel scans only the VL and ring splits:
 on the H200 the whole decode is then 1.14x (B1 32K), 1.68x (B1 128K) and 1.52x (B16 32K) as fast as with
 the Triton kernel alone (benchmarks/results/decode_kernel_h200.json). This module picks the launch shapes
-and merges the per-split results of both.
+and merges the per-split results of both (`pallas_kernels.decode_merge` with the Mosaic launch, XLA otherwise).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from hyquant_jax.cache import HybridKVCache, check_cache
 from hyquant_jax.config import HyQuantConfig
 from pallas_kernels.decode import DecodeLayout, hybrid_decode_splits, merge_splits
+from pallas_kernels.decode_merge import merge_hybrid_splits
 
 H200_SMS = 132
 CONVERTS = ("asm", "magic", "cast")
@@ -225,15 +226,16 @@ def decode_plan(cache: HybridKVCache, config: HyQuantConfig, q_heads: int, tunin
     return lay, num_warps, num_stages, mosaic_launch
 
 
-def _mosaic_low_bit(q, cache: HybridKVCache, scale: float, splits: int, stages: int):
-    """The low-bit pages through `pallas_kernels.decode_mgpu`, as Triton-style splits. q: [B, Hq, D]."""
+def _mosaic_low_bit(q, cache: HybridKVCache, scale: float, splits: int, stages: int, packed: bool = False):
+    """The low-bit pages through `pallas_kernels.decode_mgpu`, as Triton-style splits (packed: (o, ml) as the
+    kernel writes them, `low_bit_splits(..., packed=True)`, for `decode_merge`). q: [B, Hq, D]."""
     from pallas_kernels import decode_mgpu
 
-    o, m, l = decode_mgpu.low_bit_splits(
+    out = decode_mgpu.low_bit_splits(
         decode_mgpu.kernel_query(q, cache.num_kv_heads, scale), cache.k_codes, cache.k_scale, cache.k_zero,
         cache.v_codes, cache.v_scale[..., 0], cache.v_zero[..., 0], cache.page_count, cache.num_pages,
-        num_splits=splits, stages=stages)
-    return decode_mgpu.natural_splits(o, m, l)
+        num_splits=splits, stages=stages, packed=packed)
+    return out if packed else decode_mgpu.natural_splits(*out)
 
 
 def triton_splits(q, cache: HybridKVCache, lay: DecodeLayout, scale, num_warps, num_stages, interpret):
@@ -270,11 +272,15 @@ def _run(q, cache: HybridKVCache, lay: DecodeLayout, scale, num_warps, num_stage
         # took 6.7 us, session 36's profile) while the Triton launch waited for it: B=1 32K 5.58 against 5.82 ms
         # a step, 128K 7.11 against 7.37 (benchmarks/results/e2e_launch_order_s39.json).
         q_after_append = jnp.where((cache.ring_len >= 0)[:, None, None], q, jnp.zeros_like(q))
-        low = _mosaic_low_bit(q_after_append, cache, scale, *mosaic_launch)
+        low = _mosaic_low_bit(q_after_append, cache, scale, *mosaic_launch, packed=True)
     o, m, l, ring = triton_splits(q, cache, lay, scale, num_warps, num_stages, interpret)
     if low is not None:
-        o, m, l = (jnp.concatenate([x, y], axis=2) for x, y in zip(low, (o, m, l)))
-    out, lse = merge_splits(o, m, l, lay.group)
+        # Both launches' splits in one merge launch that reads the Mosaic kernel's outputs as written
+        # (pallas_kernels.decode_merge) instead of XLA's four dependent fusions: B=1 32K 5.49 against 5.71 ms a
+        # step, 128K 6.98 against 7.20 (benchmarks/results/e2e_merge_packed_s40.json).
+        out, lse = merge_hybrid_splits(o, m, l, *low, group=lay.group, out_dtype=q.dtype, interpret=interpret)
+    else:
+        out, lse = merge_splits(o, m, l, lay.group)
     if lay.ring_logits:
         return out.astype(q.dtype), lse, ring[:, :, :lay.group].reshape(b, hq, lay.ring_size)
     return out.astype(q.dtype), lse

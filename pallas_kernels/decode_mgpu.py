@@ -381,9 +381,9 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
     plgpu.wait_smem_to_gmem(0)
 
 
-@functools.partial(jax.jit, static_argnames=("num_splits", "stages", "profile_dir"))
+@functools.partial(jax.jit, static_argnames=("num_splits", "stages", "profile_dir", "packed"))
 def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_count, num_pages, *,
-                   num_splits: int, stages: int = 2, profile_dir: str | None = None):
+                   num_splits: int, stages: int = 2, profile_dir: str | None = None, packed: bool = False):
     """Split-K decode attention over the low-bit pages of each (sequence, KV head), on the cache's own arrays.
 
     q: f16 [B, H, 16, 128], query rows of each KV head's GQA group (zero rows past the group), channels in
@@ -398,6 +398,8 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
     profile_dir: also write a trace of every block's loop regions (wait, keys, qk_values, softmax, commit, redo,
     pv per page; Mosaic GPU's profiler, timestamps of warpgroup thread 0) to this folder, one JSON per call
     (`benchmarks/profile_decode_mgpu.py` summarizes it). The profile adds a few cycles per region.
+    packed: return (o, ml) as the kernel writes them, o f32 [B, H, splits, 128, 16] and ml f32
+    [B, H, splits, 2, 16] (m, l), with no transpose or slice after the kernel (`decode_merge` reads them so).
     """
     bsz, heads, slots, _ = k_codes.shape
     pages = slots // PAGE
@@ -454,6 +456,8 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
                     profile_bounds_check=True) if profile_dir else {})),
     )
     o_t, ml = kernel(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_count, num_pages)
+    if packed:
+        return o_t, ml
     return jnp.swapaxes(o_t, -1, -2), ml[..., 0, :], ml[..., 1, :]
 
 

@@ -99,7 +99,7 @@ def test_oracle_is_attention_over_the_valid_tokens():
     np.testing.assert_allclose(l[0, 0], p.sum(axis=1), rtol=1e-12)
 
 
-def _emulated_low_bit_splits(*args, num_splits, stages):
+def _emulated_low_bit_splits(*args, num_splits, stages, packed=False):
     """`low_bit_splits` as one split (the rest empty), from the float64 oracle: same inputs, same outputs."""
     del stages
 
@@ -115,7 +115,8 @@ def _emulated_low_bit_splits(*args, num_splits, stages):
 
     b, h = args[0].shape[:2]
     shapes = [jax.ShapeDtypeStruct((b, h, num_splits, dm.ROWS) + extra, jnp.float32) for extra in ((128,), (), ())]
-    return jax.pure_callback(host, tuple(shapes), *args)
+    o, m, l = jax.pure_callback(host, tuple(shapes), *args)
+    return (jnp.swapaxes(o, -1, -2), jnp.stack([m, l], axis=-2)) if packed else (o, m, l)
 
 
 def test_glue_merges_mosaic_and_triton_splits(monkeypatch):

@@ -1,0 +1,142 @@
+"""Pallas GPU (Triton) kernel: merge the hybrid decode's splits (Triton and Mosaic launches) in one launch.
+
+XLA merges the splits in four dependent fusions (the splits' maxima gathered, their maximum, the weighted
+outputs and denominators, their sums and the division); at B=1 32K they separate the Mosaic kernel's end
+from the o projection by ~10.8 us a layer (benchmarks/results/profile_graphs_s39.json). Here one program per
+(sequence, KV head, block of output channels) loads every split of both launches at once (no loop over the
+splits, unlike session 25's merge kernel, results/decode_merge_kernel.patch) and writes the normalized
+output and the log-sum-exp. B=1 Qwen3-8B shape on an H200, one process each with the same GEMM kernels:
+5.49 against 5.71 ms a step at 32K, 6.98 against 7.20 at 128K (benchmarks/results/e2e_merge_packed_s40.json).
+A first version (32 channels a program, the Mosaic (m, l) sliced by XLA, o loads masked by the weights) took
+6.6 us plus 1.5 us of slices and gained ~0.04 ms a step (e2e_merge_all_splits_s40.json).
+
+The Mosaic kernel's splits come as it writes them (`decode_mgpu.low_bit_splits(..., packed=True)`): o
+[B, H, NS, 128, 16] with the channels in VALUE_CHANNELS order and ml [B, H, NS, 2, 16] (base-2 maxima,
+NEG_INIT without keys; denominators), so no XLA transpose or slice runs between the two kernels; the program
+gathers its channels back to the natural order with an index vector. Every load depends only on the program
+ids: the outputs of splits without keys are read as well and dropped by a select (their weight is 0), so the
+loads are not chained behind the maxima.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+CHANNELS = 8  # output channels per program: many small programs, each a short chain of loads (B=1: 128)
+BLOCK_ELEMENTS = 4096  # f32 o values a program loads per launch's set, at most: 32 registers a thread
+
+
+def _pow2_ceil(x: int) -> int:
+    return 1 << (max(1, x) - 1).bit_length()
+
+
+def _channels(splits: int, mosaic_splits: int, group: int) -> int:
+    """Output channels per program: CHANNELS unless the splits x rows block would pass BLOCK_ELEMENTS."""
+    per_channel = max(_pow2_ceil(splits), _pow2_ceil(mosaic_splits)) * _pow2_ceil(group)
+    return max(1, min(CHANNELS, BLOCK_ELEMENTS // per_channel))
+
+
+def _kernel(o_ref, m_ref, l_ref, mo_ref, mml_ref, order_ref, out_ref, lse_ref, *,
+            group: int, splits: int, mosaic_splits: int, channels: int):
+    # Every load and store indexes each axis with an index array (broadcast to the block's shape): the
+    # channel axis needs one for the Mosaic set's gather, and Pallas' interpret mode takes index arrays only
+    # when no axis is a slice. Split indices past the count are masked, so their addresses are never read.
+    b, h, c = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    ns, nm, rows = _pow2_ceil(splits), _pow2_ceil(mosaic_splits), _pow2_ceil(group)
+    s_t, s_m = jnp.arange(ns)[:, None], jnp.arange(nm)[:, None]  # [splits, 1]
+    r = jnp.arange(rows)[None, :]  # [1, rows]
+    ok_t = (s_t < splits) & (r < group)  # [ns, rows]; rows past the group may hold anything
+    ok_m = (s_m < mosaic_splits) & (r < group)
+    cols = (c * channels + jnp.arange(channels))[:, None, None]  # this program's natural output channels
+    value_rows = plgpu.load(order_ref.at[pl.ds(c * channels, channels)])[:, None, None]  # their Mosaic o rows
+    m_t = plgpu.load(m_ref.at[b, h, s_t, r], mask=ok_t, other=-jnp.inf)
+    l_t = plgpu.load(l_ref.at[b, h, s_t, r], mask=ok_t, other=0.0)
+    m_m = plgpu.load(mml_ref.at[b, h, s_m, 0, r], mask=ok_m, other=0.0)
+    l_m = plgpu.load(mml_ref.at[b, h, s_m, 1, r], mask=ok_m, other=0.0)
+    o_t = plgpu.load(o_ref.at[b, h, s_t[None], r[None], cols],  # [channels, splits, rows]
+                     mask=jnp.broadcast_to(ok_t[None], (channels, ns, rows)), other=0.0)
+    o_m = plgpu.load(mo_ref.at[b, h, s_m[None], value_rows, r[None]],
+                     mask=jnp.broadcast_to(ok_m[None], (channels, nm, rows)), other=0.0)
+    m_m = jnp.where(l_m > 0, m_m * math.log(2.0), -jnp.inf)  # base 2 -> natural; a split without keys -> -inf
+    peak = jnp.maximum(jnp.max(m_t, axis=0), jnp.max(m_m, axis=0))  # [rows]
+    peak = jnp.where(peak > -jnp.inf, peak, 0.0)
+    w_t = jnp.exp(m_t - peak[None, :])  # 0 for the masked entries and the splits without keys (m = -inf)
+    w_m = jnp.exp(m_m - peak[None, :])
+    denom = jnp.sum(w_t * l_t, axis=0) + jnp.sum(w_m * l_m, axis=0)  # [rows]
+    # a split without keys may hold anything in o (NaN included): its weight 0 must not multiply it
+    o_t = jnp.where(jnp.broadcast_to((w_t > 0)[None], o_t.shape), o_t, 0.0)
+    o_m = jnp.where(jnp.broadcast_to((w_m > 0)[None], o_m.shape), o_m, 0.0)
+    acc = jnp.sum(w_t[None] * o_t, axis=1) + jnp.sum(w_m[None] * o_m, axis=1)  # [channels, rows]
+    safe = jnp.where(denom > 0, denom, 1.0)
+    out = (acc / safe[None, :]).astype(out_ref.dtype)
+    plgpu.store(out_ref.at[b, h, r, cols[:, :, 0]], out, mask=jnp.broadcast_to(r < group, (channels, rows)))
+
+    @pl.when(c == 0)
+    def _():
+        lse = jnp.where(denom > 0, jnp.log(safe) + peak, -jnp.inf)
+        plgpu.store(lse_ref.at[b, h, r[0]], lse, mask=r[0] < group)
+
+
+@functools.partial(jax.jit, static_argnames=("group", "out_dtype", "interpret"))
+def merge_hybrid_splits(o, m, l, mosaic_o, mosaic_ml, *, group: int, out_dtype=jnp.float32, interpret: bool = False):
+    """Merge the Triton launch's splits and the Mosaic launch's splits by log-sum-exp, in one launch.
+
+    o f32 [B, H, NS, rows, D], m, l f32 [B, H, NS, rows]: `hybrid_decode_splits`' outputs (natural-log maxima,
+    -inf without keys); mosaic_o f32 [B, H, NM, D, 16], mosaic_ml f32 [B, H, NM, 2, 16]:
+    `decode_mgpu.low_bit_splits(..., packed=True)`' outputs. Rows at or past `group` are ignored.
+    Returns (out [B, H * group, D] in out_dtype, lse f32 [B, H * group]): the same as
+    `decode.merge_splits` of both sets concatenated (`decode_mgpu.natural_splits` for the Mosaic set);
+    a sequence without keys gets 0 and -inf.
+    """
+    from pallas_kernels.decode_mgpu import HEAD_DIM, NATURAL_FROM_VALUE_ROWS, ROWS
+
+    b, h, ns, rows, d = o.shape
+    nm = mosaic_o.shape[2]
+    want = {"m": (m, (b, h, ns, rows)), "l": (l, (b, h, ns, rows)), "mosaic_o": (mosaic_o, (b, h, nm, d, ROWS)),
+            "mosaic_ml": (mosaic_ml, (b, h, nm, 2, ROWS))}
+    for name, (x, shape) in want.items():
+        if x.shape != shape or x.dtype != jnp.float32:
+            raise ValueError(f"{name} must be float32 {shape}, got {x.dtype} {x.shape}")
+    if o.dtype != jnp.float32 or d != HEAD_DIM or not 1 <= group <= min(rows, ROWS):
+        raise ValueError(f"o must be float32 [B, H, NS, rows, D={HEAD_DIM}] and group in [1, min(rows, {ROWS})]; "
+                         f"got {o.dtype} {o.shape}, group={group}")
+    order = jnp.asarray(NATURAL_FROM_VALUE_ROWS, jnp.int32)
+    block_rows, channels = _pow2_ceil(group), _channels(ns, nm, group)
+    out, lse = pl.pallas_call(
+        functools.partial(_kernel, group=group, splits=ns, mosaic_splits=nm, channels=channels),
+        grid=(b, h, d // channels),
+        out_shape=[jax.ShapeDtypeStruct((b, h, block_rows, d), out_dtype),
+                   jax.ShapeDtypeStruct((b, h, block_rows), jnp.float32)],
+        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+        interpret=interpret,
+        name="hyquant_merge_splits",
+    )(o, m, l, mosaic_o, mosaic_ml, order)
+    return out[:, :, :group].reshape(b, h * group, d), lse[:, :, :group].reshape(b, h * group)
+
+
+def reference_merge(o, m, l, mosaic_o, mosaic_ml, group: int):
+    """float64 NumPy oracle of `merge_hybrid_splits` (the log-sum-exp merge of both sets, first `group` rows)."""
+    from pallas_kernels.decode_mgpu import NATURAL_FROM_VALUE_ROWS
+
+    mosaic_m, mosaic_l = np.asarray(mosaic_ml)[..., 0, :], np.asarray(mosaic_ml)[..., 1, :]
+    o, m, l = (np.asarray(x, np.float64)[:, :, :, :group] for x in (o, m, l))
+    mo = np.swapaxes(np.asarray(mosaic_o, np.float64), -1, -2)[:, :, :, :group][..., NATURAL_FROM_VALUE_ROWS]
+    ml = np.asarray(mosaic_l, np.float64)[:, :, :, :group]
+    mm = np.where(ml > 0, np.asarray(mosaic_m, np.float64)[:, :, :, :group] * np.log(2.0), -np.inf)
+    o, m, l = np.concatenate([o, mo], 2), np.concatenate([m, mm], 2), np.concatenate([l, ml], 2)
+    peak = m.max(axis=2, keepdims=True)
+    peak = np.where(np.isfinite(peak), peak, 0.0)
+    w = np.where(np.isfinite(m), np.exp(m - peak), 0.0)
+    denom = (w * l).sum(axis=2)
+    out = np.einsum("bhsr,bhsrd->bhrd", w, np.where(w[..., None] > 0, o, 0.0))
+    out = out / np.where(denom > 0, denom, 1.0)[..., None]
+    lse = np.where(denom > 0, np.log(np.where(denom > 0, denom, 1.0)) + peak[:, :, 0], -np.inf)
+    b, h, g, d = out.shape
+    return out.reshape(b, h * g, d), lse.reshape(b, h * g)

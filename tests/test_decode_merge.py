@@ -1,0 +1,112 @@
+"""The split-merge kernel (`pallas_kernels.decode_merge`) against a float64 oracle and XLA's merge."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels import decode_merge as dmg
+from pallas_kernels import decode_mgpu as dm
+from pallas_kernels.decode import merge_splits
+
+
+def _splits(seed, b, h, ns, rows, nm, group, empty=0.3, garbage=True):
+    """Random splits of both launches: some without keys (Triton m = -inf, Mosaic m = NEG_INIT, l = 0; their o
+    NaN, which the merge must drop), maxima far apart (weights that underflow), NaN in the rows past the group
+    when `garbage`. Returns (o, m, l, mosaic_o, mosaic_ml), the Mosaic set packed as its kernel writes it."""
+    rng = np.random.default_rng(seed)
+    o = rng.normal(size=(b, h, ns, rows, 128)).astype(np.float32)
+    m = (rng.normal(size=(b, h, ns, rows)) * 30).astype(np.float32)
+    l = rng.uniform(0.5, 3.0, size=(b, h, ns, rows)).astype(np.float32)
+    mo = rng.normal(size=(b, h, nm, 128, dm.ROWS)).astype(np.float32)
+    mm = (rng.normal(size=(b, h, nm, dm.ROWS)) * 40).astype(np.float32)
+    ml = rng.uniform(0.5, 3.0, size=(b, h, nm, dm.ROWS)).astype(np.float32)
+    t_empty = rng.random((b, h, ns)) < empty
+    m_empty = rng.random((b, h, nm)) < empty
+    m[t_empty], l[t_empty], o[t_empty] = -np.inf, 0.0, np.nan if garbage else 0.0
+    mm[m_empty], ml[m_empty], mo[m_empty] = dm.NEG_INIT, 0.0, np.nan if garbage else 0.0
+    if garbage:
+        o[:, :, :, group:], m[:, :, :, group:], l[:, :, :, group:] = np.nan, np.nan, np.nan
+        mo[..., group:], mm[..., group:], ml[..., group:] = np.nan, np.nan, np.nan
+    return o, m, l, mo, np.stack([mm, ml], axis=-2)
+
+
+def _xla_merge(o, m, l, mo, mml, group):
+    """What decode_kernel did before the kernel: natural_splits of the Mosaic set, concatenated, merge_splits."""
+    low = dm.natural_splits(jnp.swapaxes(jnp.asarray(mo), -1, -2), jnp.asarray(mml[..., 0, :]),
+                            jnp.asarray(mml[..., 1, :]))
+    both = [jnp.concatenate([jnp.asarray(x), y], axis=2) for x, y in zip((o, m, l), low)]
+    return merge_splits(*both, group)
+
+
+CASES = [  # b, h, ns, rows (the Triton launch's: max(16, group rounded up to a power of two)), nm, group
+    (1, 8, 5, 16, 33, 4),  # Qwen3-8B at B=1 32K: 5 Triton splits, 33 Mosaic splits, GQA 4
+    (2, 3, 1, 16, 7, 5),  # a group that is not a power of two, one Triton split
+    (3, 2, 6, 16, 2, 1),  # MHA (one row)
+    (1, 1, 3, 16, 1, 16),  # a full Mosaic group of 16
+]
+
+
+@pytest.mark.parametrize("b,h,ns,rows,nm,group", CASES)
+def test_merge_matches_oracle_and_xla(b, h, ns, rows, nm, group):
+    args = _splits(b * 100 + ns, b, h, ns, rows, nm, group)
+    out, lse = dmg.merge_hybrid_splits(*(jnp.asarray(x) for x in args), group=group, interpret=True)
+    ref_out, ref_lse = dmg.reference_merge(*args, group)
+    np.testing.assert_allclose(np.asarray(out), ref_out, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(lse), ref_lse, rtol=1e-6, atol=1e-5)
+    clean = _splits(b * 100 + ns, b, h, ns, rows, nm, group, garbage=False)  # XLA's merge reads every row
+    xla_out, xla_lse = _xla_merge(*clean, group)
+    out, lse = dmg.merge_hybrid_splits(*(jnp.asarray(x) for x in clean), group=group, interpret=True)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(xla_out), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(lse), np.asarray(xla_lse), rtol=1e-6, atol=1e-5)
+
+
+def test_sequence_without_keys_gives_zero_and_minus_inf():
+    o, m, l, mo, mml = _splits(7, 2, 2, 3, 16, 5, 4, empty=0.0)
+    m[0], l[0], o[0] = -np.inf, 0.0, np.nan
+    mml[0, :, :, 0], mml[0, :, :, 1], mo[0] = dm.NEG_INIT, 0.0, np.nan
+    out, lse = dmg.merge_hybrid_splits(*(jnp.asarray(x) for x in (o, m, l, mo, mml)), group=4,
+                                       out_dtype=jnp.bfloat16, interpret=True)
+    assert out.dtype == jnp.bfloat16
+    assert np.all(np.asarray(out[0]) == 0) and np.all(np.isneginf(np.asarray(lse[0])))
+    assert np.all(np.isfinite(np.asarray(out[1], np.float32))) and np.all(np.isfinite(np.asarray(lse[1])))
+
+
+def test_argument_errors_name_the_argument():
+    o, m, l, mo, mml = (jnp.asarray(x) for x in _splits(1, 1, 2, 2, 4, 3, 4))  # 4 Triton rows
+    with pytest.raises(ValueError, match="mosaic_o must be float32"):
+        dmg.merge_hybrid_splits(o, m, l, mo[..., :8], mml, group=4, interpret=True)
+    with pytest.raises(ValueError, match="mosaic_ml must be float32"):
+        dmg.merge_hybrid_splits(o, m, l, mo, mml[..., 1, :], group=4, interpret=True)
+    with pytest.raises(ValueError, match="l must be float32"):
+        dmg.merge_hybrid_splits(o, m, l.astype(jnp.bfloat16), mo, mml, group=4, interpret=True)
+    with pytest.raises(ValueError, match="group"):
+        dmg.merge_hybrid_splits(o, m, l, mo, mml, group=5, interpret=True)
+
+
+def test_merge_kernel_lowers_for_hopper():
+    """The kernel (index-array loads, the Mosaic set's channel gather) lowers to Triton IR for sm_90 without a
+    GPU (compute capability given to Pallas by hand); compiling it to PTX and running it needs the GPU test."""
+    from jax._src.pallas.triton import gpu_info, pallas_call_registration
+
+    args = [jnp.asarray(x) for x in _splits(3, 1, 8, 5, 16, 33, 4, garbage=False)]
+    original = pallas_call_registration.gpu_info_lib.get_gpu_info
+    pallas_call_registration.gpu_info_lib.get_gpu_info = (
+        lambda: gpu_info.get_gpu_info_from_version(gpu_info.GpuVersion.H200))
+    try:
+        fn = jax.jit(lambda *a: dmg.merge_hybrid_splits(*a, group=4, out_dtype=jnp.bfloat16))
+        assert "hyquant_merge_splits" in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    finally:
+        pallas_call_registration.gpu_info_lib.get_gpu_info = original
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b,h,ns,rows,nm,group", CASES)
+def test_gpu_merge_matches_oracle(b, h, ns, rows, nm, group):
+    if jax.default_backend() != "gpu":
+        pytest.skip("needs a CUDA GPU (run `pytest -m gpu` on the GPU box)")
+    args = _splits(b * 100 + ns, b, h, ns, rows, nm, group)
+    out, lse = dmg.merge_hybrid_splits(*(jnp.asarray(x) for x in args), group=group)
+    ref_out, ref_lse = dmg.reference_merge(*args, group)
+    np.testing.assert_allclose(np.asarray(out), ref_out, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(lse), ref_lse, rtol=1e-6, atol=1e-5)
