@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 40, one GPU call (~7 min; merged since, so the patch file is gone: on main it is pallas_kernels/decode_merge.py) 
+# Session 40, one GPU call (~7 min; merged since, so the patch file is gone: on main it is pallas_kernels/decode_merge.py)
 # the split-merge kernel, second version (results/decode_merge_packed.patch as it was then:
 # the Mosaic kernel's o and (m, l) read as it writes them, no slices between the kernels; 8 channels a program;
 # no load waits for the maxima). Before it, here: `bash benchmarks/prepare_patched_tree.sh decode_merge_packed`,
