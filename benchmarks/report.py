@@ -188,7 +188,15 @@ def main():
         d = _load(args.results, name)
         if d:
             print(f"{name}:\n\n{prefill_table(d)}\n")
-    for name in ("e2e_s39_b1.json", "e2e_s39_stop_token.json", "e2e_h200_s37.json", "e2e_h200_s33.json",
+    for name in ("e2e_merge_packed_s40.json",):  # gpu_e2e_variants.sh: one b1 table per source tree
+        d = _load(args.results, name)
+        for v in (d or {}).get("variants", []):
+            if v.get("b1"):
+                env = v["environment"]
+                print(f"{name}, tree {v['tree']}: {env['device']}, jax {env['jax']}, {env['date'][:10]}\n")
+                print(e2e_b1_table(v), "\n")
+    for name in ("e2e_s40_batch_bf16.json", "e2e_s40_batch_hyquant.json", "e2e_s39_b1.json",
+                 "e2e_s39_stop_token.json", "e2e_h200_s37.json", "e2e_h200_s33.json",
                  "e2e_h200_s31.json", "e2e_h200_s29.json", "e2e_h200_s27.json", "e2e_h200_s26.json", "e2e_h200.json",
                  "e2e_h200_v1_kernel.json", "e2e_h200x2_qwen3_32b_tp2.json"):
         d = _load(args.results, name)
