@@ -1,5 +1,5 @@
 #!/bin/bash
-# Prepared in session 40, not run (no device time left). Three GPU calls (PART=a, b, c), ~4-7 min each.
+# Prepared in session 40, not run (no device time left). Four GPU calls (PART=a, b, c, d), ~3-7 min each.
 # Before them, here:
 #   bash benchmarks/prepare_patched_tree.sh decode_after_operand
 #   bash benchmarks/prepare_patched_tree.sh fused_qkv_probe
@@ -20,11 +20,19 @@
 #   once per call, session 40). Suspect: the first call after the warm-up gets a new temp buffer address and XLA
 #   updates every command buffer of the loop (with the device loops' conditional nodes since session 37); session
 #   33's test of that (SKIP_TEMP) predates the device loops. 32K, --reps 4, as is and with SKIP_TEMP.
+# PART=d (~3 min, main only): hyquant_jax.decode_kernel.MOSAIC_MIN_PAGES (Mosaic low-bit launch from B=1 32K) was
+#   chosen against XLA's split merge; with session 40's merge kernel the Mosaic path may pay off earlier. The
+#   decode alone at B=1 8K / 16K / 32K with the low-bit pages in the Triton kernel and in the Mosaic kernel.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-if [ "${PART:-a}" = c ]; then
+if [ "${PART:-a}" = d ]; then
+  PYTHONPATH=. timeout 300 python3 benchmarks/decode_kernel.py --out "$OUT" --name decode_mosaic_threshold_s41 \
+    --cases 'qwen3-8b B1 8K,qwen3-8b B1 16K,qwen3-8b B1 32K' --compare-tunings 'low=triton;low=mosaic' \
+    > "$OUT/decode_mosaic_threshold_s41.log" 2>&1
+  echo "threshold rc=$?"; tail -12 "$OUT/decode_mosaic_threshold_s41.log" | cut -c1-200
+elif [ "${PART:-a}" = c ]; then
   VARIANTS=$'.|bf16,hyquant|\n.|hyquant|--xla_gpu_command_buffer_update_mode=SKIP_TEMP' PREFIXES=32768 STEPS=64 \
     REPS=4 RUN_LIMIT=170 NAME=e2e_first_call_skip_temp bash benchmarks/gpu_e2e_variants.sh
 elif [ "${PART:-a}" = a ]; then
