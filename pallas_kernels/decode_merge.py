@@ -33,13 +33,9 @@ CHANNELS = 8  # output channels per program: many small programs, each a short c
 BLOCK_ELEMENTS = 4096  # f32 o values a program loads per launch's set, at most: 32 registers a thread
 
 
-def _pow2_ceil(x: int) -> int:
-    return 1 << (max(1, x) - 1).bit_length()
-
-
 def _channels(splits: int, mosaic_splits: int, group: int) -> int:
     """Output channels per program: CHANNELS unless the splits x rows block would pass BLOCK_ELEMENTS."""
-    per_channel = max(_pow2_ceil(splits), _pow2_ceil(mosaic_splits)) * _pow2_ceil(group)
+    per_channel = max(pl.next_power_of_2(splits), pl.next_power_of_2(mosaic_splits)) * pl.next_power_of_2(group)
     return max(1, min(CHANNELS, BLOCK_ELEMENTS // per_channel))
 
 
@@ -49,7 +45,7 @@ def _kernel(o_ref, m_ref, l_ref, mo_ref, mml_ref, order_ref, out_ref, lse_ref, *
     # channel axis needs one for the Mosaic set's gather, and Pallas' interpret mode takes index arrays only
     # when no axis is a slice. Split indices past the count are masked, so their addresses are never read.
     b, h, c = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    ns, nm, rows = _pow2_ceil(splits), _pow2_ceil(mosaic_splits), _pow2_ceil(group)
+    ns, nm, rows = pl.next_power_of_2(splits), pl.next_power_of_2(mosaic_splits), pl.next_power_of_2(group)
     s_t, s_m = jnp.arange(ns)[:, None], jnp.arange(nm)[:, None]  # [splits, 1]
     r = jnp.arange(rows)[None, :]  # [1, rows]
     ok_t = (s_t < splits) & (r < group)  # [ns, rows]; rows past the group may hold anything
@@ -108,7 +104,7 @@ def merge_hybrid_splits(o, m, l, mosaic_o, mosaic_ml, *, group: int, out_dtype=j
         raise ValueError(f"o must be float32 [B, H, NS, rows, D={HEAD_DIM}] and group in [1, min(rows, {ROWS})]; "
                          f"got {o.dtype} {o.shape}, group={group}")
     order = jnp.asarray(NATURAL_FROM_VALUE_ROWS, jnp.int32)
-    block_rows, channels = _pow2_ceil(group), _channels(ns, nm, group)
+    block_rows, channels = pl.next_power_of_2(group), _channels(ns, nm, group)
     out, lse = pl.pallas_call(
         functools.partial(_kernel, group=group, splits=ns, mosaic_splits=nm, channels=channels),
         grid=(b, h, d // channels),
