@@ -143,9 +143,6 @@ def parse_args(argv=None):
                    help="give every timed loop a copy of the states in new buffers (the previous ones kept "
                         "alive), as each request's prefill gives `generate` new caches: XLA then updates its "
                         "CUDA graphs for new addresses in every timed call")
-    p.add_argument("--autotune-cache", default="fresh", metavar="DIR|fresh|off",
-                   help="XLA's per-fusion autotune cache shared by the workers (fresh: a new folder for this "
-                        "run), so every method runs the GEMM kernels the first one picked; off: each autotunes")
     p.add_argument("--mem-fraction", default="0.95", help="XLA_PYTHON_CLIENT_MEM_FRACTION of the workers")
     p.add_argument("--smoke", action="store_true", help="tiny model and prefixes: a CPU check that the script runs")
     p.add_argument("--no-plot", action="store_true")
@@ -487,8 +484,7 @@ def main(argv=None) -> None:
     from benchmarks.common import write_json
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="true", XLA_PYTHON_CLIENT_MEM_FRACTION=args.mem_fraction)
-    env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "hyquant_e2e_jax_cache"))
+    env = worker_env(args)
     mesh_shape = None
     if args.mesh:
         from hyquant_jax.sharding import parse_mesh_shape
@@ -509,8 +505,7 @@ def main(argv=None) -> None:
                "b1": [], "batch": [], "prefill": []}
     path = os.path.join(args.out, f"{args.name}.json")
     with tempfile.TemporaryDirectory() as tmp:
-        autotune_cache = _share_autotune_cache(env, args.autotune_cache, tmp)
-        results["environment"]["autotune_cache"] = autotune_cache
+        results["environment"]["compilation_cache"] = env["JAX_COMPILATION_CACHE_DIR"]
         for section in args.sections.split(","):
             for method in args.methods.split(","):
                 spec = os.path.join(tmp, f"{section}_{method}.json")
@@ -538,26 +533,19 @@ def main(argv=None) -> None:
         print(f"wrote {png}")
 
 
-def _share_autotune_cache(env: dict, setting: str, tmp: str) -> str | None:
-    """Point the workers' XLA at one per-fusion autotune cache (in env's XLA_FLAGS) and return its folder.
+def worker_env(args) -> dict:
+    """The workers' environment: preallocated GPU memory, and one JAX compilation cache for every run on
+    the machine (unless JAX_COMPILATION_CACHE_DIR is set already).
 
-    XLA autotunes every GEMM fusion when it compiles, and the pick varies between processes: in session 40 one
-    hyquant compile took cuBLAS for the MLP's gate/up projections (55 us a layer on the critical path), another
-    the Triton GEMM (49 us), ~0.2 ms a step at B=1 (benchmarks/NOTES.md). With one cache the later workers
-    reuse the first one's picks for every fusion they share (the projections and the MLP), so methods and
-    variants are compared on the same GEMM kernels. setting: a folder, "fresh" (one under tmp) or "off".
-    A cache folder already in XLA_FLAGS wins.
+    With the compilation cache on, JAX also points XLA's per-fusion autotune cache into it (its setting
+    jax_persistent_cache_enable_xla_caches; this overrides --xla_gpu_per_fusion_autotune_cache_dir), so every
+    worker, method and variant in one GPU call runs the GEMM kernels the first compile picked for each fusion.
+    Across calls (a fresh machine) the picks may differ: in session 40 one call took cuBLAS for the MLP's
+    gate/up projections, another the Triton GEMM, ~0.2 ms a step at B=1 (benchmarks/NOTES.md).
     """
-    flag = "--xla_gpu_per_fusion_autotune_cache_dir"
-    flags = env.get("XLA_FLAGS", "")
-    if flag in flags:
-        return flags.split(flag + "=", 1)[1].split()[0]
-    if setting == "off":
-        return None
-    folder = os.path.join(tmp, "autotune") if setting == "fresh" else os.path.abspath(setting)
-    os.makedirs(folder, exist_ok=True)
-    env["XLA_FLAGS"] = f"{flags} {flag}={folder}".strip()
-    return folder
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="true", XLA_PYTHON_CLIENT_MEM_FRACTION=args.mem_fraction)
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "hyquant_e2e_jax_cache"))
+    return env
 
 
 def _host_environment(argv) -> dict:

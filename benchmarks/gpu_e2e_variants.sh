@@ -14,15 +14,14 @@ NAME=${NAME:-e2e_variants_h200}
 ROOT=$(pwd)
 mkdir -p "$OUT/variants"
 export PYTHONUNBUFFERED=1
-# one XLA autotune cache for every variant (e2e.py --autotune-cache): the first process's GEMM picks are every
-# variant's, so variants differ in what they change, not in the autotuner's pick (session 40)
-AUTOTUNE=${AUTOTUNE_CACHE:-$(mktemp -d)}
+# Every e2e.py process of the call shares one JAX compilation cache and, inside it, XLA's autotune cache
+# (e2e.worker_env): the variants run the GEMM kernels the first compile picked for each fusion they share.
 mapfile -t LINES <<< "${VARIANTS:?set VARIANTS: one TREE|METHODS|XLA_FLAGS per line}"
 for i in "${!LINES[@]}"; do
   IFS='|' read -r tree methods flags extra <<< "${LINES[$i]}"
   (cd "$ROOT/$tree" && PYTHONPATH=. XLA_FLAGS="$flags" timeout ${RUN_LIMIT:-150} python3 benchmarks/e2e.py \
       --out "$OUT/variants" --name "v$i" --sections b1 --methods "$methods" --prefixes ${PREFIXES:-1024,32768} \
-      --steps ${STEPS:-64} --reps ${REPS:-4} --no-plot --autotune-cache "$AUTOTUNE" ${E2E_ARGS:-} $extra) >> "$OUT/$NAME.log" 2>&1
+      --steps ${STEPS:-64} --reps ${REPS:-4} --no-plot ${E2E_ARGS:-} $extra) >> "$OUT/$NAME.log" 2>&1
   echo "v$i rc=$? tree=$tree methods=$methods flags='$flags' args='$extra'"
   grep -A8 "^B=1" "$OUT/$NAME.log" | tail -8
 done

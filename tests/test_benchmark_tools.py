@@ -1,5 +1,7 @@
 """Helpers of the benchmark scripts that turn arguments and results into what they report."""
 
+import os
+
 import pytest
 
 from benchmarks.decode_kernel import CASES, parse_tunings, select_cases
@@ -180,22 +182,25 @@ def test_e2e_stop_token_never_ends_the_timed_loops():
         assert row["step_ms"] > 0
 
 
-def test_e2e_workers_share_one_autotune_cache(tmp_path):
-    """e2e.py points every worker at one XLA per-fusion autotune cache (so methods run the same GEMM picks): a
-    fresh folder by default, a given one, none with "off"; a folder already in XLA_FLAGS is kept."""
+def test_e2e_workers_share_one_compilation_and_autotune_cache(monkeypatch, tmp_path):
+    """e2e.py gives every worker one JAX compilation cache (a set JAX_COMPILATION_CACHE_DIR wins), and JAX
+    puts XLA's per-fusion autotune cache inside it, so the methods and variants of one GPU call run the same
+    GEMM picks. The second assert fails if a JAX upgrade stops doing that by default."""
+    import tempfile
+
+    import jax
+
     from benchmarks import e2e
 
-    flag = "--xla_gpu_per_fusion_autotune_cache_dir"
-    env = {"XLA_FLAGS": "--xla_gpu_enable_pdl=true"}
-    folder = e2e._share_autotune_cache(env, "fresh", str(tmp_path))
-    assert env["XLA_FLAGS"] == f"--xla_gpu_enable_pdl=true {flag}={folder}" and (tmp_path / "autotune").is_dir()
-    assert e2e._share_autotune_cache(env, "fresh", str(tmp_path / "other")) == folder  # already set: kept
-    env = {}
-    assert e2e._share_autotune_cache(env, str(tmp_path / "mine"), str(tmp_path)) == str(tmp_path / "mine")
-    assert env["XLA_FLAGS"] == f"{flag}={tmp_path / 'mine'}"
-    env = {}
-    assert e2e._share_autotune_cache(env, "off", str(tmp_path)) is None and env == {}
-    assert e2e.parse_args([]).autotune_cache == "fresh"
+    args = e2e.parse_args([])
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    env = e2e.worker_env(args)
+    assert env["JAX_COMPILATION_CACHE_DIR"] == os.path.join(tempfile.gettempdir(), "hyquant_e2e_jax_cache")
+    assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "true" and env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.95"
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path))
+    assert e2e.worker_env(args)["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path)
+    enabled = jax.config.jax_persistent_cache_enable_xla_caches
+    assert enabled == "all" or "xla_gpu_per_fusion_autotune_cache_dir" in enabled
 
 
 def test_flush_cond_probe_variants():
