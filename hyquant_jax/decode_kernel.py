@@ -26,11 +26,12 @@ H200_SMS = 132
 CONVERTS = ("asm", "magic", "cast")
 LOW_BIT_KERNELS = ("auto", "mosaic", "triton")
 # "auto" takes the Mosaic low-bit kernel from this many (sequence, KV head, page) triples of cache capacity:
-# below it the second launch and the merge cost more than the kernel saves (H200, Qwen3-8B heads: B=1 at 16K
-# 0.0316 ms against Triton's 0.0288, at 32K 0.0446 against 0.0465; benchmarks/results/decode_kernel_h200_s19.json,
-# measured with the session-19 kernel; re-checked with the session-20 kernel in decode_mosaic_threshold_h200.json:
-# 16K 0.0319 vs Triton's 0.0288, 32K 0.0442 vs 0.0471).
-MOSAIC_MIN_PAGES = 4096
+# below it the second launch and the merge cost more than the kernel saves. H200, Qwen3-8B heads, the whole
+# decode with the low-bit pages in either kernel, since the split merge is one kernel (session 41,
+# benchmarks/results/decode_mosaic_threshold{,_small}_s41.json, us Triton / Mosaic): 512 triples (B1 4K) 15.9 /
+# 18.2, 1024 (B1 8K) 21.4 / 19.5, (B2 4K) 20.4 / 20.9, 2048 (B1 16K) 28.6 / 25.3, (B4 4K) 27.5 / 25.9,
+# 4096 (B1 32K) 46.9 / 34.4. It was 4096 against XLA's merge (sessions 19 and 21).
+MOSAIC_MIN_PAGES = 1024
 MAX_SPLIT_TOKENS = 4096  # measured: splits of <= 4K tokens are best from B=16 to 64 at 32K (split_sweep)
 
 
