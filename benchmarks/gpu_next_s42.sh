@@ -1,47 +1,54 @@
 #!/bin/bash
-# Prepared in session 40, not run (no device time left). Four GPU calls (PART=a, b, c, d), ~3-7 min each.
-# Before them, here:
-#   bash benchmarks/prepare_patched_tree.sh decode_after_operand
-#   bash benchmarks/prepare_patched_tree.sh fused_qkv_probe
-# then run with carry [".gpu_run"].
-# PART=a: results/decode_after_operand.patch: the Mosaic launch waits for the ring append through an operand it
-#   does not read (low_bit_splits(after=ring_len)) instead of a select on q, so the query conversion
-#   (loop_convert_pad_fusion, ~1.6 us) runs beside the append instead of after it (session 40's profile: append
-#   2.0-4.0 us, conversion 4.2-5.8, Mosaic kernel from 6.2 in each layer). Its GPU tests (the real kernel with the
-#   new operand: decode_mgpu oracle, decode tunings and ring logits through both kernels, generate's device loops),
-#   then e2e B=1 at 32K / 128K, main and the patch, one process each, one autotune cache. Merge if (1) passes and
-#   (2) is faster (expected ~2 us a layer, ~0.07 ms a step).
+# Prepared in session 40; PART=a and d ran in session 41, b, c and e wait. One GPU call each, ~3-7 min.
+# Before them, here: bash benchmarks/prepare_patched_tree.sh NAME (fused_qkv_probe for b, mosaic_min_pages_4096
+# for e), then run with carry [".gpu_run"].
+# Done in session 41 (benchmarks/NOTES.md): PART=a, results/decode_after_operand.patch (the Mosaic launch waits
+#   for the ring append through an unread operand instead of a select on q): GPU tests 26/26, but no gain (main
+#   first: main 5.70 / patch 5.47 ms at 32K; patch first: patch 5.72 / main 5.69), not merged. PART=d, the Mosaic
+#   threshold: MOSAIC_MIN_PAGES lowered from 4096 to 1024.
 # PART=b: results/fused_qkv_probe.patch (a probe, not for merging as is): the decode step's q, k and v projections
 #   as one GEMM over the concatenated weights (XLA hoists the concatenation out of the decode loops on CPU; the
 #   script checks the GPU HLO: the concatenate must be in the entry computation, not a loop body). In hyquant's
 #   layer the q GEMM starts ~5 us after the k/v reduction fusion (bf16's start together). If hyquant gains more
 #   than bf16, store the weights fused (Params.wqkv, loaders, sharding by KV-head groups) in a later session.
+#   Process-to-process spread of one tree is ~0.1 ms at 32K (results/process_variance_s41.json): a gain must
+#   show in both orders to count.
 # PART=c (~4 min, main only): hyquant's first timed loop runs ~0.6 ms a step slower than the next ones (~35 ms
-#   once per call, session 40). Suspect: the first call after the warm-up gets a new temp buffer address and XLA
-#   updates every command buffer of the loop (with the device loops' conditional nodes since session 37); session
-#   33's test of that (SKIP_TEMP) predates the device loops. 32K, --reps 4, as is and with SKIP_TEMP.
-# PART=d (~3 min, main only): hyquant_jax.decode_kernel.MOSAIC_MIN_PAGES (Mosaic low-bit launch from B=1 32K) was
-#   chosen against XLA's split merge; with session 40's merge kernel the Mosaic path may pay off earlier. The
-#   decode alone at B=1 8K / 16K / 32K with the low-bit pages in the Triton kernel and in the Mosaic kernel.
+#   once per call, sessions 40 and 41). Suspect: the first call after the warm-up gets a new temp buffer address
+#   and XLA updates every command buffer of the loop (with the device loops' conditional nodes since session
+#   37); session 33's test of that (SKIP_TEMP) predates the device loops. 32K, --reps 4, as is and with SKIP_TEMP.
+# PART=e (~5 min): the new Mosaic threshold end to end: B=1 hyquant at 8K and 16K with MOSAIC_MIN_PAGES 1024
+#   (main: Mosaic low-bit kernel) and 4096 (results/mosaic_min_pages_4096.patch: Triton only), in the order
+#   main, old, main. Keep 1024 if main is faster in both comparisons (the kernel alone: ~2-3 us a layer).
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-if [ "${PART:-a}" = d ]; then
+if [ "${PART:-b}" = e ]; then
+  VARIANTS=$'.|hyquant|\n.gpu_run/mosaic_min_pages_4096|hyquant|\n.|hyquant|' PREFIXES=8192,16384 STEPS=64 REPS=3 \
+    RUN_LIMIT=150 NAME=e2e_mosaic_threshold_s42 bash benchmarks/gpu_e2e_variants.sh
+elif [ "${PART:-b}" = d ]; then
   PYTHONPATH=. timeout 300 python3 benchmarks/decode_kernel.py --out "$OUT" --name decode_mosaic_threshold_s41 \
     --cases 'qwen3-8b B1 8K,qwen3-8b B1 16K,qwen3-8b B1 32K' --compare-tunings 'low=triton;low=mosaic' \
     > "$OUT/decode_mosaic_threshold_s41.log" 2>&1
   echo "threshold rc=$?"; tail -12 "$OUT/decode_mosaic_threshold_s41.log" | cut -c1-200
-elif [ "${PART:-a}" = c ]; then
+  # session 41's second call (smaller caches)
+  PYTHONPATH=. timeout 250 python3 benchmarks/decode_kernel.py --out "$OUT" --name decode_mosaic_threshold_small_s41 \
+    --cases 'qwen3-8b B1 1K,B1 2K,qwen3-8b B1 4K,B2 4K,B4 4K,B16 1K' --compare-tunings 'low=triton;low=mosaic' \
+    > "$OUT/decode_mosaic_threshold_small_s41.log" 2>&1
+  echo "threshold (small) rc=$?"
+elif [ "${PART:-b}" = c ]; then
   VARIANTS=$'.|bf16,hyquant|\n.|hyquant|--xla_gpu_command_buffer_update_mode=SKIP_TEMP' PREFIXES=32768 STEPS=64 \
     REPS=4 RUN_LIMIT=170 NAME=e2e_first_call_skip_temp bash benchmarks/gpu_e2e_variants.sh
-elif [ "${PART:-a}" = a ]; then
+elif [ "${PART:-b}" = a ]; then
   (cd .gpu_run/decode_after_operand && PYTHONPATH=. timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider -rA \
       tests/test_decode_mgpu.py tests/test_decode_merge.py tests/test_decode_kernel.py tests/test_generate.py \
-      -k "gpu or tunings or ring_logits or on_the_device" > "$OUT/after_operand_gpu_tests.log" 2>&1)
+      -k "mgpu or merge or tunings or ring_logits or on_the_device" > "$OUT/after_operand_gpu_tests.log" 2>&1)
   echo "tests rc=$?"; tail -3 "$OUT/after_operand_gpu_tests.log"
-  VARIANTS=$'.|bf16,hyquant|\n.gpu_run/decode_after_operand|bf16,hyquant|' PREFIXES=32768,131072 STEPS=64 REPS=3 \
-    RUN_LIMIT=170 NAME=e2e_after_operand bash benchmarks/gpu_e2e_variants.sh
+  # Session 41's first run (main first) gave main 5.70 / 7.11 ms against the patch's 5.47 / 6.97 while session 40
+  # timed main at 5.49 / 6.98: the patch runs first here, so that an order effect shows.
+  VARIANTS=$'.gpu_run/decode_after_operand|bf16,hyquant|\n.|bf16,hyquant|' PREFIXES=32768,131072 STEPS=64 REPS=3 \
+    RUN_LIMIT=170 NAME=e2e_after_operand_reversed bash benchmarks/gpu_e2e_variants.sh
 else
   VARIANTS=$'.|bf16,hyquant|\n.gpu_run/fused_qkv_probe|bf16,hyquant|' PREFIXES=32768,131072 STEPS=64 REPS=3 \
     RUN_LIMIT=170 NAME=e2e_fused_qkv_probe bash benchmarks/gpu_e2e_variants.sh
