@@ -185,7 +185,7 @@ def test_e2e_stop_token_never_ends_the_timed_loops():
 def test_e2e_workers_share_one_compilation_and_autotune_cache(monkeypatch, tmp_path):
     """e2e.py gives every worker one JAX compilation cache (a set JAX_COMPILATION_CACHE_DIR wins), and JAX
     puts XLA's per-fusion autotune cache inside it, so the methods and variants of one GPU call run the same
-    GEMM picks. The second assert fails if a JAX upgrade stops doing that by default."""
+    GEMM picks. The last assert fails if a JAX upgrade stops doing that by default."""
     import tempfile
 
     import jax
