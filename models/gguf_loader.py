@@ -1,7 +1,8 @@
 """Load llama-architecture GGUF files (llama.cpp's format) with the `gguf` package.
 
-Weights are dequantized to float32 on the host (Q4_0, Q4_1, Q8_0, F16, BF16,
-F32), then cast. llama.cpp's converter permutes the rows of Q and K so that
+Weights are dequantized to float32 on the host (F32, F16, BF16, Q8_0, Q4_0,
+Q4_1, Q5_0, Q5_1 and the K-quants Q2_K-Q6_K that llama.cpp's Q*_K_M files
+use), then cast. llama.cpp's converter permutes the rows of Q and K so that
 its interleaved ("GPT-J") RoPE gives the same result as HF's rotate-half
 RoPE; we undo that permutation so our rotate-half RoPE applies unchanged.
 """
@@ -17,7 +18,7 @@ from models.config import ModelConfig
 from models.transformer import Params, params_from_numpy
 
 SUPPORTED_ARCHITECTURES = ("llama",)
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 _LAYER_NAMES = {
     "attn_q.weight": "q", "attn_k.weight": "k", "attn_v.weight": "v", "attn_output.weight": "o",

@@ -99,10 +99,13 @@ def vocab_and_merges(tok) -> tuple[list[str], list[str]]:
 
 
 def write_gguf(path: Path, params: Params, config: ModelConfig, types: dict[str, str] | None = None,
-               arch: str = "llama", tokenizer=None, pre: str = "gpt2") -> Path:
+               arch: str = "llama", tokenizer=None, pre: str = "gpt2",
+               raw: dict[str, tuple[str, np.ndarray]] | None = None) -> Path:
     """A llama-architecture GGUF like llama.cpp's converter writes (Q/K rows permuted).
 
     types: short weight name (or its kind, e.g. "q", "gate") -> GGML type name; default F32.
+    raw: short weight name -> (GGML type name, uint8 blocks [rows, bytes per row]) written as they are, in
+    place of that weight (for types the `gguf` package cannot quantize; the rows are in the file's order).
     """
     import gguf
     from gguf import GGMLQuantizationType, quants
@@ -140,7 +143,10 @@ def write_gguf(path: Path, params: Params, config: ModelConfig, types: dict[str,
         elif kind in ("k", "k_bias"):
             arr = llama_cpp_permute(arr, config.num_kv_heads)
         qtype = types.get(short, types.get(kind, "F32"))
-        if qtype == "F32":
+        if raw and short in raw:
+            name, blocks = raw[short]
+            w.add_tensor(gguf_name(short), blocks, raw_dtype=GGMLQuantizationType[name])
+        elif qtype == "F32":
             w.add_tensor(gguf_name(short), arr.astype(np.float32))
         elif qtype == "F16":
             w.add_tensor(gguf_name(short), arr.astype(np.float16))

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import ggml_blocks
 from checkpoint_files import CHATML, SPECIALS, numpy_weights, train_tokenizer, write_gguf, write_hf_folder
 from models import BF16Attention, ModelConfig, PrefillContext, forward, init_params, load_model
 from models.gguf_loader import llama_cpp_permute, llama_cpp_unpermute, load_gguf
@@ -109,6 +110,41 @@ def test_gguf_quantized_types(tmp_path, qtype, tol):
         assert err < tol, (name, err)
 
 
+# rows of 256 weights, as llama.cpp's K-quants need
+K_QUANT_CONFIG = ModelConfig("llama", vocab_size=320, hidden_size=256, intermediate_size=256, num_layers=1,
+                             num_heads=4, num_kv_heads=2, head_dim=64, max_position=256, rms_norm_eps=1e-5,
+                             tie_embeddings=False)
+MATRICES = ("q", "k", "v", "o", "gate", "up", "down", "embed", "lm_head")
+
+
+@pytest.mark.parametrize("types", [{m: t for m in MATRICES} for t in ggml_blocks.BLOCK_BYTES]
+                         + [{"q": "Q4_K", "k": "Q4_K", "v": "Q6_K", "o": "Q4_K", "gate": "Q4_K", "up": "Q4_K",
+                             "down": "Q6_K", "embed": "Q4_K", "lm_head": "Q6_K"}],  # llama.cpp's Q4_K_M mix
+                         ids=list(ggml_blocks.BLOCK_BYTES) + ["Q4_K_M"])
+def test_gguf_k_quants_and_5_bit_match_a_reference_dequantizer(tmp_path, types):
+    """Weights stored as random valid blocks of each K-quant / 5-bit type load as a float64 dequantizer
+    written from ggml's C code (tests/ggml_blocks.py) decodes them, Q/K rows un-permuted; the model runs."""
+    config = K_QUANT_CONFIG
+    params = init_params(jax.random.PRNGKey(4), config, jnp.float32)
+    rng = np.random.default_rng(5)
+    raw, want = {}, {}
+    for short, w in numpy_weights(params, config).items():
+        kind = short.split(".")[-1]
+        if kind in types:
+            raw[short] = (types[kind], ggml_blocks.random_blocks(rng, types[kind], *w.shape))
+            w = ggml_blocks.dequantize(*raw[short])
+            heads = {"q": config.num_heads, "k": config.num_kv_heads}.get(kind)
+            want[short] = w if heads is None else llama_cpp_unpermute(w, heads)
+    write_gguf(tmp_path / "m.gguf", params, config, raw=raw)
+    loaded_config, loaded = load_gguf(tmp_path / "m.gguf", dtype="float32")
+    got = numpy_weights(loaded, loaded_config)
+    assert len(want) == 7 * config.num_layers + 2
+    for short, w in want.items():
+        np.testing.assert_allclose(got[short], w, rtol=1e-6, atol=1e-6 * np.abs(w).max(), err_msg=short)
+    tokens = jax.random.randint(jax.random.PRNGKey(6), (1, 8), 0, config.vocab_size)
+    assert np.isfinite(_logits(loaded, loaded_config, tokens)).all()
+
+
 def test_gguf_errors(tmp_path):
     params = init_params(jax.random.PRNGKey(0), TINY, jnp.float32)
     with pytest.raises(ValueError, match="does not exist"):
@@ -116,9 +152,10 @@ def test_gguf_errors(tmp_path):
     write_gguf(tmp_path / "qwen.gguf", params, TINY, arch="qwen2")
     with pytest.raises(ValueError, match=r"qwen\.gguf: general\.architecture='qwen2' is not supported"):
         load_gguf(tmp_path / "qwen.gguf")
-    write_gguf(tmp_path / "q5.gguf", params, TINY, types={"gate": "Q5_0"})
-    with pytest.raises(ValueError, match="blk.0.ffn_gate.weight has type Q5_0"):
-        load_gguf(tmp_path / "q5.gguf")
+    iq4 = np.zeros((TINY.intermediate_size, TINY.hidden_size // 32 * 18), np.uint8)  # IQ4_NL: 18 bytes / 32
+    write_gguf(tmp_path / "iq4.gguf", params, TINY, raw={"0.gate": ("IQ4_NL", iq4)})
+    with pytest.raises(ValueError, match="blk.0.ffn_gate.weight has type IQ4_NL; supported: "):
+        load_gguf(tmp_path / "iq4.gguf")
     (tmp_path / "junk.bin").write_bytes(b"not a checkpoint at all")
     with pytest.raises(ValueError, match="neither a Hugging Face folder nor a GGUF file"):
         load_model(tmp_path / "junk.bin")
