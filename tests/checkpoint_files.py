@@ -101,7 +101,7 @@ def vocab_and_merges(tok) -> tuple[list[str], list[str]]:
 def write_gguf(path: Path, params: Params, config: ModelConfig, types: dict[str, str] | None = None,
                arch: str = "llama", tokenizer=None, pre: str = "gpt2",
                raw: dict[str, tuple[str, np.ndarray]] | None = None) -> Path:
-    """A llama-architecture GGUF like llama.cpp's converter writes (Q/K rows permuted).
+    """A GGUF like llama.cpp's converter writes (Q/K rows permuted for the llama architecture).
 
     types: short weight name (or its kind, e.g. "q", "gate") -> GGML type name; default F32.
     raw: short weight name -> (GGML type name, uint8 blocks [rows, bytes per row]) written as they are, in
@@ -138,9 +138,9 @@ def write_gguf(path: Path, params: Params, config: ModelConfig, types: dict[str,
         w.add_chat_template(CHATML)
     for short, arr in numpy_weights(params, config).items():
         kind = short.split(".")[-1]
-        if kind in ("q", "q_bias"):
+        if arch == "llama" and kind in ("q", "q_bias"):
             arr = llama_cpp_permute(arr, config.num_heads)
-        elif kind in ("k", "k_bias"):
+        elif arch == "llama" and kind in ("k", "k_bias"):
             arr = llama_cpp_permute(arr, config.num_kv_heads)
         qtype = types.get(short, types.get(kind, "F32"))
         if raw and short in raw:

@@ -53,6 +53,21 @@ def test_generate_on_a_tiny_gguf(tiny_gguf, tmp_path, capsys):
     assert result["backend"] == ("pallas" if jax.default_backend() == "gpu" else "reference")
 
 
+def test_generate_on_a_tiny_qwen3_gguf(tmp_path, capsys):
+    """A qwen3-architecture GGUF (q/k RMSNorm, Qwen2's pre-tokenizer) through the whole CLI."""
+    tok = train_tokenizer()
+    config = ModelConfig("qwen3", vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128,
+                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, max_position=4096, qk_norm=True)
+    path = tmp_path / "tiny-qwen3.gguf"
+    write_gguf(path, init_params(jax.random.PRNGKey(1), config, jnp.float32), config, arch="qwen3", tokenizer=tok,
+               pre="qwen2")
+    rc = cli.main(["generate", "--model", str(path), "--prompt", "Hello world! The quick brown fox",
+                   "--max-new-tokens", "4", "--window", "16", "--block-size", "16", "--prefill-block", "16"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "=== hyquant" in text and "=== bf16" in text and "identical to the bf16 run" in text
+
+
 def test_generate_baseline_without_compare(tiny_gguf, capsys):
     path, _ = tiny_gguf
     rc = cli.main(["generate", "--model", str(path), "--raw", "--prompt", "Hello", "--max-new-tokens", "3",
@@ -74,11 +89,11 @@ def test_generate_clear_errors(tmp_path, capsys, make, words):
 
 def test_generate_unsupported_architecture(tiny_gguf, tmp_path, capsys):
     _, config = tiny_gguf
-    bad = tmp_path / "qwen2.gguf"
-    write_gguf(bad, init_params(jax.random.PRNGKey(0), config, jnp.float32), config, arch="qwen2")
+    bad = tmp_path / "gemma.gguf"
+    write_gguf(bad, init_params(jax.random.PRNGKey(0), config, jnp.float32), config, arch="gemma")
     assert cli.main(["generate", "--model", str(bad)]) == 2
     err = capsys.readouterr().err
-    assert "qwen2.gguf" in err and "general.architecture='qwen2'" in err
+    assert "gemma.gguf" in err and "general.architecture='gemma' is not supported" in err
 
 
 def test_bench_and_eval_list_and_run_scripts(capsys):

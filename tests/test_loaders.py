@@ -96,6 +96,24 @@ def test_gguf_f32_matches_hf_folder(tmp_path):
                                atol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["qwen2_bias_sharded", "qwen3_qknorm_sharded"])
+def test_gguf_qwen_matches_hf_folder(tmp_path, name):
+    """Qwen2 (q/k/v biases, tied embeddings) and Qwen3 (q/k RMSNorm, head_dim != hidden / heads) GGUFs, whose
+    Q/K rows llama.cpp leaves in HF's order, load as the same model as the HF folder."""
+    config = dataclasses.replace(HF_VARIANTS[name][0], tie_embeddings=name.startswith("qwen2"))
+    params = init_params(jax.random.PRNGKey(7), config, jnp.float32)
+    write_hf_folder(tmp_path / "hf", params, config)
+    write_gguf(tmp_path / "m.gguf", params, config, arch=config.architecture)
+    cfg_g, from_gguf = load_gguf(tmp_path / "m.gguf", dtype="float32")
+    cfg_h, from_hf = load_hf(tmp_path / "hf", dtype="float32")
+    assert (cfg_g.architecture, cfg_g.qkv_bias, cfg_g.qk_norm, cfg_g.tie_embeddings, cfg_g.head_dim) == (
+        config.architecture, config.qkv_bias, config.qk_norm, config.tie_embeddings, config.head_dim)
+    _assert_same_params(from_gguf, from_hf)
+    tokens = jax.random.randint(jax.random.PRNGKey(8), (2, 12), 0, config.vocab_size)
+    np.testing.assert_allclose(_logits(from_gguf, cfg_g, tokens), _logits(params, config, tokens), rtol=1e-5,
+                               atol=1e-5)
+
+
 @pytest.mark.parametrize("qtype, tol", [("F16", 2e-3), ("BF16", 1e-2), ("Q8_0", 2e-2), ("Q4_0", 0.25),
                                         ("Q4_1", 0.2)])
 def test_gguf_quantized_types(tmp_path, qtype, tol):
@@ -149,9 +167,9 @@ def test_gguf_errors(tmp_path):
     params = init_params(jax.random.PRNGKey(0), TINY, jnp.float32)
     with pytest.raises(ValueError, match="does not exist"):
         load_gguf(tmp_path / "missing.gguf")
-    write_gguf(tmp_path / "qwen.gguf", params, TINY, arch="qwen2")
-    with pytest.raises(ValueError, match=r"qwen\.gguf: general\.architecture='qwen2' is not supported"):
-        load_gguf(tmp_path / "qwen.gguf")
+    write_gguf(tmp_path / "phi.gguf", params, TINY, arch="phi3")
+    with pytest.raises(ValueError, match=r"phi\.gguf: general\.architecture='phi3' is not supported"):
+        load_gguf(tmp_path / "phi.gguf")
     iq4 = np.zeros((TINY.intermediate_size, TINY.hidden_size // 32 * 18), np.uint8)  # IQ4_NL: 18 bytes / 32
     write_gguf(tmp_path / "iq4.gguf", params, TINY, raw={"0.gate": ("IQ4_NL", iq4)})
     with pytest.raises(ValueError, match="blk.0.ffn_gate.weight has type IQ4_NL; supported: "):
