@@ -23,7 +23,8 @@ GGUF_PRE_TOKENIZERS = ("default", "gpt-2", "gpt2", "smollm", "llama-bpe", "llama
 class Tokenizer:
     """A `tokenizers.Tokenizer` plus the checkpoint's special tokens and chat template.
 
-    add_bos: prepend bos_id when encoding with `special=True`.
+    add_bos: prepend bos_id when encoding with `special=True`, unless the text starts with it already (as
+      chat templates that render bos_token do).
     """
 
     backend: object
@@ -40,7 +41,7 @@ class Tokenizer:
     def encode(self, text: str, special: bool = True) -> list[int]:
         """Token ids of text; special-token strings like <|im_start|> map to their ids."""
         ids = self.backend.encode(text, add_special_tokens=False).ids
-        if special and self.add_bos and self.bos_id is not None:
+        if special and self.add_bos and self.bos_id is not None and ids[:1] != [self.bos_id]:
             ids = [self.bos_id] + ids
         return ids
 
@@ -131,12 +132,18 @@ def _pre_tokenizer(pre: str, path):
     ])
 
 
-def tokenizer_from_gguf(reader, path="") -> Tokenizer:
-    """Byte-level BPE tokenizer from GGUF metadata (tokenizer.ggml.model == "gpt2").
+# llama.cpp token types (tokenizer.ggml.token_type)
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+SPACE = "\u2581"  # SentencePiece's visible space
 
-    Vocabulary from tokenizer.ggml.tokens, merges from tokenizer.ggml.merges;
-    tokens of type CONTROL (3) or USER_DEFINED (4) become special tokens that
-    match whole in text. Chat template from tokenizer.chat_template.
+
+def tokenizer_from_gguf(reader, path="") -> Tokenizer:
+    """Tokenizer from GGUF metadata: byte-level BPE (tokenizer.ggml.model "gpt2": Llama 3, Qwen, SmolLM) or
+    SentencePiece BPE ("llama": Llama 2, Mistral 7B v0.1-v0.3, TinyLlama).
+
+    gpt2: vocabulary from tokenizer.ggml.tokens, merges from tokenizer.ggml.merges. llama: see `_spm_backend`.
+    Tokens of type CONTROL (3) or USER_DEFINED (4) become special tokens that match whole in text. Chat
+    template from tokenizer.chat_template.
     """
     from tokenizers import AddedToken, decoders, models
     from tokenizers import Tokenizer as Backend
@@ -144,18 +151,28 @@ def tokenizer_from_gguf(reader, path="") -> Tokenizer:
     from models.gguf_loader import field
 
     kind = field(reader, "tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ValueError(f"{path}: tokenizer.ggml.model={kind!r} is not supported; supported: 'gpt2' "
-                         "(byte-level BPE)")
     tokens = field(reader, "tokenizer.ggml.tokens")
-    merges = field(reader, "tokenizer.ggml.merges") or []
-    types = field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
-    vocab = {t: i for i, t in enumerate(tokens)}
-    pairs = [tuple(m.split(" ", 1)) for m in merges]
-    backend = Backend(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
-    backend.pre_tokenizer = _pre_tokenizer(field(reader, "tokenizer.ggml.pre", "default"), path)
-    backend.decoder = decoders.ByteLevel()
-    special = [AddedToken(tokens[i], special=True, normalized=False) for i, t in enumerate(types) if t in (3, 4)]
+    types = field(reader, "tokenizer.ggml.token_type") or [NORMAL] * len(tokens or [])
+    if kind == "gpt2":
+        merges = field(reader, "tokenizer.ggml.merges") or []
+        vocab = {t: i for i, t in enumerate(tokens)}
+        pairs = [tuple(m.split(" ", 1)) for m in merges]
+        backend = Backend(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
+        backend.pre_tokenizer = _pre_tokenizer(field(reader, "tokenizer.ggml.pre", "default"), path)
+        backend.decoder = decoders.ByteLevel()
+    elif kind == "llama":
+        scores = field(reader, "tokenizer.ggml.scores")
+        if scores is None or len(scores) != len(tokens):
+            raise ValueError(f"{path}: a SentencePiece ('llama') tokenizer needs tokenizer.ggml.scores, one per "
+                             f"token ({len(tokens)})")
+        unk = field(reader, "tokenizer.ggml.unknown_token_id", 0)
+        backend = _spm_backend(tokens, scores, types, int(unk),
+                               bool(field(reader, "tokenizer.ggml.add_space_prefix", True)))
+    else:
+        raise ValueError(f"{path}: tokenizer.ggml.model={kind!r} is not supported; supported: 'gpt2' "
+                         "(byte-level BPE), 'llama' (SentencePiece BPE)")
+    special = [AddedToken(tokens[i], special=True, normalized=False) for i, t in enumerate(types)
+               if t in (CONTROL, USER_DEFINED)]
     backend.add_special_tokens(special)
 
     def tid(key):
@@ -167,5 +184,35 @@ def tokenizer_from_gguf(reader, path="") -> Tokenizer:
         backend=backend, bos_id=tid("tokenizer.ggml.bos_token_id"),
         eos_ids=tuple(dict.fromkeys(e for e in eos if e is not None)),
         pad_id=tid("tokenizer.ggml.padding_token_id"),
-        add_bos=bool(field(reader, "tokenizer.ggml.add_bos_token", False)),
+        add_bos=bool(field(reader, "tokenizer.ggml.add_bos_token", kind == "llama")),
         chat_template=field(reader, "tokenizer.chat_template"))
+
+
+def _spm_backend(tokens: list[str], scores: list[float], types: list[int], unk_id: int, add_space_prefix: bool):
+    """SentencePiece BPE as llama.cpp runs it, as a `tokenizers` BPE.
+
+    SentencePiece merges, again and again, the adjacent pair of pieces whose concatenation is a NORMAL token
+    with the highest score (the leftmost on ties); characters outside the vocabulary become their UTF-8 byte
+    tokens <0xXX>. A BPE whose merges are every split of every NORMAL token into two NORMAL tokens, ranked by
+    the merged token's score, does the same. Spaces become U+2581, with one prepended when add_space_prefix
+    (tokenizer.ggml.add_space_prefix, default true); decoding undoes both.
+    """
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, normalizers
+
+    normal = {t: i for i, t in enumerate(tokens) if types[i] == NORMAL}
+    merges = []
+    for merged, i in normal.items():
+        for cut in range(1, len(merged)):
+            left, right = merged[:cut], merged[cut:]
+            if left in normal and right in normal:
+                merges.append((-float(scores[i]), i, normal[left], (left, right)))
+    merges.sort()
+    vocab = {t: i for i, t in enumerate(tokens)}
+    backend = Backend(models.BPE(vocab=vocab, merges=[m[-1] for m in merges], unk_token=tokens[unk_id],
+                                 fuse_unk=True, byte_fallback=True))
+    replace = normalizers.Replace(" ", SPACE)
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend(SPACE), replace]) if add_space_prefix else replace
+    steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    backend.decoder = decoders.Sequence(steps + [decoders.Strip(" ", 1, 0)] if add_space_prefix else steps)
+    return backend

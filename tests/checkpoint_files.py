@@ -100,12 +100,15 @@ def vocab_and_merges(tok) -> tuple[list[str], list[str]]:
 
 def write_gguf(path: Path, params: Params, config: ModelConfig, types: dict[str, str] | None = None,
                arch: str = "llama", tokenizer=None, pre: str = "gpt2",
-               raw: dict[str, tuple[str, np.ndarray]] | None = None) -> Path:
+               raw: dict[str, tuple[str, np.ndarray]] | None = None,
+               spm: tuple[list[str], list[float], list[int]] | None = None) -> Path:
     """A GGUF like llama.cpp's converter writes (Q/K rows permuted for the llama architecture).
 
     types: short weight name (or its kind, e.g. "q", "gate") -> GGML type name; default F32.
     raw: short weight name -> (GGML type name, uint8 blocks [rows, bytes per row]) written as they are, in
     place of that weight (for types the `gguf` package cannot quantize; the rows are in the file's order).
+    spm: a SentencePiece vocabulary (tokens, scores, token types; <unk>, <s>, </s> first), written as
+    llama.cpp's "llama" tokenizer model.
     """
     import gguf
     from gguf import GGMLQuantizationType, quants
@@ -136,6 +139,15 @@ def write_gguf(path: Path, params: Params, config: ModelConfig, types: dict[str,
         w.add_pad_token_id(tokens.index("<|endoftext|>"))
         w.add_add_bos_token(False)
         w.add_chat_template(CHATML)
+    if spm is not None:
+        tokens, scores, token_types = spm
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(token_types)
+        w.add_unk_token_id(0)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
     for short, arr in numpy_weights(params, config).items():
         kind = short.split(".")[-1]
         if arch == "llama" and kind in ("q", "q_bias"):

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ggml_blocks
+import spm_reference
 from checkpoint_files import CHATML, SPECIALS, numpy_weights, train_tokenizer, write_gguf, write_hf_folder
 from models import BF16Attention, ModelConfig, PrefillContext, forward, init_params, load_model
 from models.gguf_loader import llama_cpp_permute, llama_cpp_unpermute, load_gguf
@@ -198,6 +199,33 @@ def test_gguf_tokenizer_matches_trained_tokenizer(tmp_path, pre):
     ids = ours.encode(chat)
     assert ids[0] == SPECIALS.index("<|im_start|>") and ids.count(SPECIALS.index("<|im_end|>")) == 1
     assert ours.decode(ids, skip_special=False) == chat
+
+
+SPM_CORPUS = ("the quick brown fox jumps over the lazy dog. the dog sleeps, the fox runs. "
+              "then there were three thin things that thought the other things were there.")
+
+
+def test_gguf_sentencepiece_tokenizer_matches_llama_cpp_reference(tmp_path):
+    """A "llama" (SentencePiece BPE) GGUF vocabulary encodes as llama.cpp's algorithm written directly
+    (tests/spm_reference.py): highest-score merges, a prepended space, byte fallback for characters outside
+    the vocabulary; decoding gives the text back; <s> is prepended."""
+    tokens, scores, types = spm_reference.train_vocab(SPM_CORPUS)
+    config = dataclasses.replace(TINY, vocab_size=len(tokens))
+    write_gguf(tmp_path / "spm.gguf", init_params(jax.random.PRNGKey(0), config, jnp.float32), config,
+               spm=(tokens, scores, types))
+    _, _, ours = load_model(tmp_path / "spm.gguf", "float32")
+    assert ours.bos_id == 1 and ours.add_bos and ours.eos_ids == (2,)
+    rng = np.random.default_rng(0)
+    alphabet = list("the quick brown fox.,") + ["  ", "\n", "é", "東", "🙂", "x", "Q"]
+    texts = TEXTS + [SPM_CORPUS, "the the the", "three things"]
+    texts += ["".join(rng.choice(alphabet, size=int(rng.integers(1, 40)))) for _ in range(40)]
+    for text in texts:
+        want = spm_reference.encode(text, tokens, scores, types)
+        assert ours.encode(text, special=False) == want, text
+        assert ours.decode(want) == text, text
+    assert ours.encode("the dog")[0] == 1 and len(ours.encode("the dog")) < len("the dog")
+    # a text that starts with <s> (a chat template rendering bos_token) gets no second one
+    assert ours.encode("<s>the dog") == ours.encode("the dog") == [1] + ours.encode("the dog", special=False)
 
 
 def test_hf_tokenizer_folder(tmp_path):
