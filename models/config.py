@@ -2,7 +2,8 @@
 
 One frozen, hashable value (a static argument of `jax.jit`) covers the Llama
 family (Llama 2/3/3.1 with llama3 RoPE scaling, Mistral, SmolLM2) and Qwen2/2.5
-(q/k/v bias) and Qwen3 (q/k RMSNorm). `from_hf_config` reads a Hugging Face
+(q/k/v bias) and Qwen3 (q/k RMSNorm), with YaRN RoPE scaling for their long
+contexts. `from_hf_config` reads a Hugging Face
 `config.json` dict; invalid or unsupported values raise `ValueError` naming
 the field.
 """
@@ -13,7 +14,7 @@ import dataclasses
 import math
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,15 +28,22 @@ class ModelConfig:
       num_heads, num_kv_heads, head_dim: query heads, KV heads (GQA: num_heads
         is a multiple of num_kv_heads) and the per-head width.
       rms_norm_eps: epsilon of every RMSNorm.
-      rope_theta: RoPE base; rope_type: "default", "linear" (positions / factor)
-        or "llama3" (Llama 3.1 frequency-dependent scaling with rope_factor,
-        rope_low_freq_factor, rope_high_freq_factor, rope_original_max_position).
+      rope_theta: RoPE base; rope_type: "default", "linear" (positions / factor),
+        "llama3" (Llama 3.1 frequency-dependent scaling with rope_factor,
+        rope_low_freq_factor, rope_high_freq_factor, rope_original_max_position)
+        or "yarn" (YaRN, arXiv 2309.00071: frequencies that turn fewer than
+        rope_beta_slow times over rope_original_max_position divided by
+        rope_factor, more than rope_beta_fast times kept, a linear ramp over
+        the dimensions between; Qwen2.5/Qwen3 beyond 32K).
+      rope_attention_factor: cos and sin are multiplied by it (YaRN's
+        0.1 ln(factor) + 1; 1.0 otherwise).
       rope_freq_factors: optional per-frequency divisors (head_dim / 2 floats,
         llama.cpp's `rope_freqs` tensor); they replace rope_type scaling.
       tie_embeddings: the output projection is the transposed token embedding.
       qkv_bias: q/k/v projections have a bias (Qwen2). qk_norm: RMSNorm over
         head_dim on q and k before RoPE (Qwen3).
-      max_position: the context length the model was trained for.
+      max_position: the context length the model was trained for (with YaRN,
+        at least rope_original_max_position * rope_factor).
       sliding_window: attention span limit (Mistral v0.1), None when unlimited;
         we never truncate attention, so sequences must fit inside it.
       bos_token_id, eos_token_ids: special token ids from the checkpoint.
@@ -56,6 +64,9 @@ class ModelConfig:
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_max_position: int = 8192
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    rope_attention_factor: float = 1.0
     rope_freq_factors: tuple[float, ...] | None = None
     tie_embeddings: bool = False
     qkv_bias: bool = False
@@ -83,6 +94,8 @@ class ModelConfig:
         if self.rope_freq_factors is not None and len(self.rope_freq_factors) != self.head_dim // 2:
             raise ValueError(f"ModelConfig.rope_freq_factors must have head_dim/2={self.head_dim // 2} entries, "
                              f"got {len(self.rope_freq_factors)}")
+        if self.rope_type == "yarn" and not self.rope_factor >= 1.0:
+            raise ValueError(f"ModelConfig.rope_factor must be >= 1 for YaRN, got {self.rope_factor}")
         if not self.rms_norm_eps > 0 or not self.rope_theta > 0:
             raise ValueError(f"ModelConfig.rms_norm_eps and rope_theta must be > 0, got "
                              f"{self.rms_norm_eps} and {self.rope_theta}")
@@ -121,7 +134,7 @@ def from_hf_config(hf: dict) -> ModelConfig:
 
     Supported `model_type`: llama, mistral, qwen2, qwen3. Raises ValueError
     naming the field for anything else (unknown model_type, rope_scaling
-    types other than linear/llama3, MLP biases).
+    types other than linear/llama3/yarn, MLP biases).
     """
     model_type = _get(hf, "model_type", required=True)
     if model_type not in ARCHITECTURES:
@@ -133,7 +146,10 @@ def from_hf_config(hf: dict) -> ModelConfig:
     hidden = _get(hf, "hidden_size", required=True)
     heads = _get(hf, "num_attention_heads", required=True)
     head_dim = _get(hf, "head_dim", hidden // heads)
-    rope = _get(hf, "rope_scaling") or {}
+    # transformers 5 writes "rope_parameters" (rope_theta inside, with the scaling); earlier checkpoints
+    # "rope_theta" and "rope_scaling"
+    params = _get(hf, "rope_parameters") or {}
+    rope = _get(hf, "rope_scaling") or {k: v for k, v in params.items() if k != "rope_theta"}
     rope_type = rope.get("rope_type", rope.get("type", "default")) if rope else "default"
     if rope_type not in ROPE_TYPES:
         raise ValueError(f"config.json: rope_scaling type {rope_type!r} is not supported; supported: {ROPE_TYPES}")
@@ -142,6 +158,20 @@ def from_hf_config(hf: dict) -> ModelConfig:
         sliding = _get(hf, "sliding_window")
     elif model_type in ("qwen2", "qwen3") and _get(hf, "use_sliding_window", False):
         sliding = _get(hf, "sliding_window")
+    max_position = int(_get(hf, "max_position_embeddings", 4096))
+    factor = float(rope.get("factor", 1.0))
+    original = int(rope.get("original_max_position_embeddings", max_position if rope_type == "yarn" else 8192))
+    attention_factor = 1.0
+    if rope_type == "yarn":
+        attention_factor = rope.get("attention_factor")
+        if attention_factor is None:
+            mscale, mscale_all_dim = rope.get("mscale"), rope.get("mscale_all_dim")
+            attention_factor = (yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+                                if mscale and mscale_all_dim else yarn_mscale(factor))
+        if not rope.get("truncate", True):
+            raise ValueError("config.json: rope_scaling truncate=false is not supported")
+        # YaRN is what stretches the context: Qwen2.5 keeps max_position_embeddings at 32768 with factor 4
+        max_position = max(max_position, int(original * factor))
     eos = _get(hf, "eos_token_id", ())
     eos = tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
     return ModelConfig(
@@ -154,16 +184,19 @@ def from_hf_config(hf: dict) -> ModelConfig:
         num_kv_heads=_get(hf, "num_key_value_heads", heads),
         head_dim=head_dim,
         rms_norm_eps=float(_get(hf, "rms_norm_eps", 1e-6)),
-        rope_theta=float(_get(hf, "rope_theta", 10000.0)),
+        rope_theta=float(_get(hf, "rope_theta", params.get("rope_theta", 10000.0))),
         rope_type=rope_type,
-        rope_factor=float(rope.get("factor", 1.0)),
+        rope_factor=factor,
         rope_low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
         rope_high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
-        rope_original_max_position=int(rope.get("original_max_position_embeddings", 8192)),
+        rope_original_max_position=original,
+        rope_beta_fast=float(rope.get("beta_fast") or 32.0),
+        rope_beta_slow=float(rope.get("beta_slow") or 1.0),
+        rope_attention_factor=float(attention_factor),
         tie_embeddings=bool(_get(hf, "tie_word_embeddings", False)),
         qkv_bias=model_type == "qwen2" or bool(_get(hf, "attention_bias", False)),
         qk_norm=model_type == "qwen3",
-        max_position=int(_get(hf, "max_position_embeddings", 4096)),
+        max_position=max_position,
         sliding_window=sliding,
         bos_token_id=_get(hf, "bos_token_id"),
         eos_token_ids=tuple(int(e) for e in eos),
@@ -188,4 +221,19 @@ def rope_inv_freq(config: ModelConfig):
         scaled = np.where(wavelen > old / lo, inv / factor, inv)
         mid = (wavelen <= old / lo) & (wavelen >= old / hi)
         return np.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+    if config.rope_type == "yarn":
+        # the dimension whose frequency turns `rotations` times over the original context, rounded outwards
+        def dim_of(rotations):
+            return d * math.log(config.rope_original_max_position / (rotations * 2 * math.pi)) / (
+                2 * math.log(config.rope_theta))
+
+        low = max(math.floor(dim_of(config.rope_beta_fast)), 0)
+        high = min(math.ceil(dim_of(config.rope_beta_slow)), d - 1)
+        ramp = np.clip((np.arange(d // 2, dtype=np.float64) - low) / max(high - low, 1e-3), 0.0, 1.0)
+        return inv / config.rope_factor * ramp + inv * (1.0 - ramp)
     return inv
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature: 0.1 * mscale * ln(factor) + 1 (1 when factor <= 1)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.config import ModelConfig
+from models.config import ModelConfig, yarn_mscale
 from models.transformer import Params, params_from_numpy
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
@@ -103,11 +103,20 @@ def gguf_config(reader, path: str | Path = "") -> ModelConfig:
     if any(t.name == "rope_freqs.weight" for t in reader.tensors):
         factors = tuple(float(x) for x in _dequantize(_tensor(reader, "rope_freqs.weight"), path))
     scaling = field(reader, f"{arch}.rope.scaling.type", "none")
+    context = int(field(reader, f"{arch}.context_length", 4096))
     rope_type, rope_factor = "default", 1.0
-    if scaling == "linear":
-        rope_type, rope_factor = "linear", float(field(reader, f"{arch}.rope.scaling.factor", 1.0))
+    yarn = {}
+    if scaling in ("linear", "yarn"):
+        rope_type, rope_factor = scaling, float(field(reader, f"{arch}.rope.scaling.factor", 1.0))
     elif scaling not in ("none", None):
-        raise ValueError(f"{path}: {arch}.rope.scaling.type={scaling!r} is not supported")
+        raise ValueError(f"{path}: {arch}.rope.scaling.type={scaling!r} is not supported; supported: "
+                         "none, linear, yarn")
+    if scaling == "yarn":  # llama.cpp: cos and sin scaled by attn_factor * (0.1 ln(factor) + 1)
+        yarn = dict(rope_original_max_position=int(field(reader, f"{arch}.rope.scaling.original_context_length",
+                                                         context)),
+                    rope_attention_factor=float(field(reader, f"{arch}.rope.scaling.attn_factor", 1.0))
+                    * yarn_mscale(rope_factor))
+        context = max(context, int(yarn["rope_original_max_position"] * rope_factor))
     eos = field(reader, "tokenizer.ggml.eos_token_id")
     eot = field(reader, "tokenizer.ggml.eot_token_id")
     eos_ids = tuple(dict.fromkeys(int(x) for x in (eos, eot) if x is not None))
@@ -126,10 +135,11 @@ def gguf_config(reader, path: str | Path = "") -> ModelConfig:
         rope_type=rope_type,
         rope_factor=rope_factor,
         rope_freq_factors=factors,
+        **yarn,
         tie_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
         qkv_bias=any(t.name == "blk.0.attn_q.bias" for t in reader.tensors),
         qk_norm=any(t.name == "blk.0.attn_q_norm.weight" for t in reader.tensors),
-        max_position=int(field(reader, f"{arch}.context_length", 4096)),
+        max_position=context,
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=eos_ids,
     )

@@ -20,6 +20,8 @@ def rope_cos_sin(positions: jax.Array, config: ModelConfig) -> tuple[jax.Array, 
     inv = jnp.asarray(rope_inv_freq(config), jnp.float32)
     angles = positions.astype(jnp.float32)[..., None] * inv  # [B, T, D/2]
     angles = jnp.concatenate([angles, angles], axis=-1)[:, None]
+    if config.rope_attention_factor != 1.0:  # YaRN
+        return jnp.cos(angles) * config.rope_attention_factor, jnp.sin(angles) * config.rope_attention_factor
     return jnp.cos(angles), jnp.sin(angles)
 
 

@@ -127,6 +127,10 @@ def write_gguf(path: Path, params: Params, config: ModelConfig, types: dict[str,
     w.add_key_length(config.head_dim)
     w.add_value_length(config.head_dim)
     w.add_vocab_size(config.vocab_size)
+    if config.rope_type == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(config.rope_factor)
+        w.add_rope_scaling_orig_ctx_len(config.rope_original_max_position)
     if tokenizer is not None:
         tokens, merges = vocab_and_merges(tokenizer)
         w.add_tokenizer_model("gpt2")

@@ -115,6 +115,22 @@ def test_gguf_qwen_matches_hf_folder(tmp_path, name):
                                atol=1e-5)
 
 
+def test_gguf_yarn_matches_hf_folder(tmp_path):
+    """A qwen2 GGUF with YaRN metadata (rope.scaling.type/factor/original_context_length, as llama.cpp's
+    converter writes them) loads the same RoPE as the HF folder it came from (tests/fixtures/qwen2_yarn_tiny)."""
+    from pathlib import Path
+
+    cfg_h, from_hf = load_hf(Path(__file__).parent / "fixtures" / "qwen2_yarn_tiny", dtype="float32")
+    write_gguf(tmp_path / "yarn.gguf", from_hf, cfg_h, arch="qwen2")
+    cfg_g, from_gguf = load_gguf(tmp_path / "yarn.gguf", dtype="float32")
+    fields = ("rope_type", "rope_factor", "rope_original_max_position", "rope_attention_factor", "rope_theta",
+              "max_position")
+    assert [getattr(cfg_g, f) for f in fields] == [getattr(cfg_h, f) for f in fields]
+    tokens = jax.random.randint(jax.random.PRNGKey(9), (1, 150), 0, cfg_h.vocab_size)
+    np.testing.assert_allclose(_logits(from_gguf, cfg_g, tokens), _logits(from_hf, cfg_h, tokens), rtol=1e-5,
+                               atol=1e-5)
+
+
 @pytest.mark.parametrize("qtype, tol", [("F16", 2e-3), ("BF16", 1e-2), ("Q8_0", 2e-2), ("Q4_0", 0.25),
                                         ("Q4_1", 0.2)])
 def test_gguf_quantized_types(tmp_path, qtype, tol):

@@ -21,6 +21,8 @@ VARIANTS = {
     "qwen2_bias": dataclasses.replace(TINY, architecture="qwen2", qkv_bias=True),
     "qwen3_qknorm": dataclasses.replace(TINY, architecture="qwen3", qk_norm=True, head_dim=24),
     "llama3_rope": dataclasses.replace(TINY, rope_type="llama3", rope_factor=8.0, rope_original_max_position=64),
+    "qwen2_yarn": dataclasses.replace(TINY, architecture="qwen2", qkv_bias=True, rope_type="yarn", rope_factor=4.0,
+                                      rope_original_max_position=64, rope_attention_factor=1.1386),
 }
 
 
@@ -52,11 +54,18 @@ def test_from_hf_config_families():
     assert q3.qk_norm and q3.head_dim == 32 and not q3.qkv_bias
     m = from_hf_config({**base, "model_type": "mistral", "sliding_window": 4096, "rope_scaling": None})
     assert m.sliding_window == 4096
+    # transformers 5's form: rope_theta and the scaling inside "rope_parameters"
+    v5 = {k: v for k, v in base.items() if k not in ("rope_theta", "rope_scaling")}
+    v5["rope_parameters"] = {**base["rope_scaling"], "rope_theta": 5e5}
+    assert from_hf_config(v5) == c
+    plain = from_hf_config({**v5, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}})
+    assert (plain.rope_type, plain.rope_theta) == ("default", 1e6)
 
 
 @pytest.mark.parametrize("patch, words", [
     ({"model_type": "gpt_neox"}, "model_type"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling"),
+    ({"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}, "rope_scaling"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "truncate": False}}, "truncate"),
     ({"mlp_bias": True}, "mlp_bias"),
 ])
 def test_from_hf_config_errors(patch, words):
@@ -84,6 +93,35 @@ def test_llama3_rope_frequencies():
     np.testing.assert_allclose(scaled[wavelen > 8192], base[wavelen > 8192] / 8)
     mid = (wavelen >= 8192 / 4) & (wavelen <= 8192)
     assert np.all((scaled[mid] <= base[mid]) & (scaled[mid] >= base[mid] / 8))
+
+
+def test_yarn_rope_frequencies_and_temperature():
+    """YaRN (Qwen2.5's long-context setting): dimensions that turn more than beta_fast times over the original
+    context keep their frequency, those that turn fewer than beta_slow times are divided by the factor, a
+    monotone ramp between; cos and sin carry 0.1 ln(factor) + 1."""
+    hf = {"model_type": "qwen2", "vocab_size": 100, "hidden_size": 1024, "intermediate_size": 128,
+          "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2, "rope_theta": 1e6,
+          "max_position_embeddings": 32768,
+          "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}
+    c = from_hf_config(hf)
+    assert (c.rope_type, c.rope_factor, c.rope_original_max_position) == ("yarn", 4.0, 32768)
+    assert c.max_position == 131072  # what YaRN's factor 4 opens up (max_position_embeddings stays 32768)
+    assert c.rope_attention_factor == pytest.approx(0.1 * np.log(4.0) + 1)
+    base = rope_inv_freq(dataclasses.replace(c, rope_type="default"))
+    ratio = rope_inv_freq(c) / base
+    turns = 32768 * base / (2 * np.pi)
+    assert np.all(ratio[turns > 32 * 1.2] == 1.0) and np.allclose(ratio[turns < 1 / 1.2], 0.25)
+    assert np.all(np.diff(ratio) <= 1e-12) and 0.25 < ratio[(turns < 32) & (turns > 1)].mean() < 1
+    cos, sin = rope_cos_sin(jnp.array([[0, 5]]), c)
+    np.testing.assert_allclose(np.asarray(cos)[0, 0, 0], c.rope_attention_factor, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(cos) ** 2 + np.asarray(sin) ** 2, c.rope_attention_factor ** 2, rtol=1e-5)
+    # an explicit attention_factor, and DeepSeek's mscale pair
+    explicit = from_hf_config({**hf, "rope_scaling": {**hf["rope_scaling"], "attention_factor": 1.5}})
+    assert explicit.rope_attention_factor == 1.5
+    pair = from_hf_config({**hf, "rope_scaling": {**hf["rope_scaling"], "mscale": 1.0, "mscale_all_dim": 1.0}})
+    assert pair.rope_attention_factor == 1.0
+    with pytest.raises(ValueError, match="rope_factor must be >= 1 for YaRN"):
+        dataclasses.replace(c, rope_factor=0.5)
 
 
 @settings(max_examples=20, deadline=None)
@@ -238,3 +276,23 @@ def test_gpu_decode_step_layer_kernels_match_xla(qk_norm):
     np.testing.assert_allclose(np.asarray(fused), np.asarray(xla), rtol=0, atol=3e-2 * scale)
     for a, c in zip(jax.tree_util.tree_leaves(fused_states), jax.tree_util.tree_leaves(xla_states)):
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(c, np.float32), rtol=2e-2, atol=2e-2)
+
+
+def test_qwen2_yarn_logits_match_transformers():
+    """A tiny random Qwen2 with YaRN (trained for 64 positions, scaled 4x) gives the logits of Hugging Face
+    transformers over 200 tokens, past the 64 (tests/fixtures/make_yarn_reference.py made the fixture)."""
+    import pathlib
+
+    from models.hf_loader import load_hf
+
+    folder = pathlib.Path(__file__).parent / "fixtures" / "qwen2_yarn_tiny"
+    config, params = load_hf(folder, dtype="float32")
+    assert (config.rope_type, config.rope_factor, config.rope_original_max_position) == ("yarn", 4.0, 64)
+    ref = np.load(folder / "reference.npz")
+    logits = np.asarray(_full_logits(params, config, jnp.asarray(ref["tokens"])))[0, ref["positions"]]
+    np.testing.assert_allclose(logits, ref["logits"], rtol=1e-4, atol=1e-4 * np.abs(ref["logits"]).max())
+    # without the YaRN scaling the same weights give other logits past the original context
+    plain = dataclasses.replace(config, rope_type="default", rope_attention_factor=1.0)
+    far = ref["positions"] > 64
+    other = np.asarray(_full_logits(params, plain, jnp.asarray(ref["tokens"])))[0, ref["positions"]]
+    assert np.abs(other[far] - ref["logits"][far]).max() > 0.1
