@@ -78,7 +78,8 @@ class Tokenizer:
 
 
 def load_hf_tokenizer(folder: str | Path) -> Tokenizer:
-    """Tokenizer of a HF folder: tokenizer.json, tokenizer_config.json (chat template, bos)."""
+    """Tokenizer of a HF folder: tokenizer.json, tokenizer_config.json (bos, eos, chat template) and the chat
+    template in chat_template.jinja or chat_template.json where tokenizer_config.json has none."""
     from tokenizers import Tokenizer as Backend
 
     folder = Path(folder)
@@ -96,6 +97,10 @@ def load_hf_tokenizer(folder: str | Path) -> Tokenizer:
         return None if value is None else backend.token_to_id(value)
 
     template = cfg.get("chat_template")
+    if template is None and (folder / "chat_template.jinja").exists():  # transformers >= 4.47 saves it apart
+        template = (folder / "chat_template.jinja").read_text()
+    elif template is None and (folder / "chat_template.json").exists():
+        template = json.loads((folder / "chat_template.json").read_text()).get("chat_template")
     if isinstance(template, list):  # named templates: take "default"
         template = next((t["template"] for t in template if t.get("name") == "default"), None)
     eos = tid("eos_token")

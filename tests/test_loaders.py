@@ -256,6 +256,13 @@ def test_hf_tokenizer_folder(tmp_path):
         assert ours.encode(text) == [1] + tok.encode(text).ids
         assert ours.decode(ours.encode(text)) == text
     assert ours.apply_chat_template([{"role": "user", "content": "x"}]).endswith("<|im_start|>assistant\n")
+    # the template in chat_template.jinja (transformers >= 4.47) or chat_template.json instead
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<|im_start|>"}))
+    assert load_hf_tokenizer(tmp_path).chat_template is None
+    (tmp_path / "chat_template.json").write_text(json.dumps({"chat_template": CHATML + " "}))
+    assert load_hf_tokenizer(tmp_path).chat_template == CHATML + " "
+    (tmp_path / "chat_template.jinja").write_text(CHATML)
+    assert load_hf_tokenizer(tmp_path).chat_template == CHATML
 
 
 def test_load_model_dispatches_to_both_formats(tmp_path):
