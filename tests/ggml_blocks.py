@@ -138,7 +138,6 @@ _DECODERS = {"Q2_K": _q2_k, "Q3_K": _q3_k, "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K":
 
 def dequantize(qtype: str, data: np.ndarray) -> np.ndarray:
     """float64 [rows, cols] from uint8 [rows, cols / block_weights * BLOCK_BYTES]."""
-    rows, size = BLOCK_BYTES[qtype], block_weights(qtype)
-    blocks = data.reshape(data.shape[0], -1, rows)
+    blocks = data.reshape(data.shape[0], -1, BLOCK_BYTES[qtype])
     out = np.array([[_DECODERS[qtype](b) for b in row] for row in blocks], np.float64)
-    return out.reshape(data.shape[0], blocks.shape[1] * size)
+    return out.reshape(data.shape[0], blocks.shape[1] * block_weights(qtype))

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import collections
 
-SPACE = "\u2581"
-NORMAL, UNKNOWN, CONTROL, BYTE = 1, 2, 3, 6
+from models.tokenizer import BYTE, CONTROL, NORMAL, SPACE, UNKNOWN  # llama.cpp's token types, U+2581
 
 
 def train_vocab(corpus: str, merges: int = 120) -> tuple[list[str], list[float], list[int]]:
