@@ -14,9 +14,10 @@ backend:
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 from hyquant_jax import reference
-from hyquant_jax.cache import HybridKVCache, accumulate_ring_scores, append
+from hyquant_jax.cache import HybridKVCache, accumulate_ring_scores, append, flush_full_rings
 from hyquant_jax.config import BACKENDS, HyQuantConfig, resolve_backend  # noqa: F401 (re-exported)
 from hyquant_jax.vti import tail_queries, tail_query_count, vertical_token_identification
 
@@ -72,14 +73,35 @@ def decode_step(q, k, v, cache: HybridKVCache, config: HyQuantConfig, backend: s
 
     flush=False: the window rings were already given room (`flush_full_rings`, see `append`).
     Returns (out [B, Hq, D], new cache).
+
+    The kernel backends attend over the cache as it was and this step's token as one more key
+    (`decode_kernel.decode_attention(..., new_token=...)`), then append it: the append writes the ring the
+    Triton launch reads, so XLA runs it after that launch, off the path from q to the output, where before
+    both attention launches waited for it.
     """
-    cache = append(cache, k, v, config, active=active, flush=flush, backend=backend)
-    # Ring scores are kept only when flushed tokens can be promoted; the kernels then hand over their ring
-    # logits, so XLA makes no second pass over the ring.
-    out, lse, *ring_logits = decode_attention(q, cache, config, backend=backend, scale=scale,
-                                              ring_logits=config.flush_vl_count > 0)
-    cache = accumulate_ring_scores(cache, q, lse, config, scale=scale,
-                                   ring_logits=ring_logits[0] if ring_logits else None)
+    ring_logits = config.flush_vl_count > 0  # ring scores are kept only when flushed tokens can be promoted
+    if resolve_backend(backend) == "reference":
+        cache = append(cache, k, v, config, active=active, flush=flush, backend=backend)
+        out, lse, *logits = decode_attention(q, cache, config, backend=backend, scale=scale, ring_logits=ring_logits)
+    else:
+        from hyquant_jax import decode_kernel
+
+        want = (cache.batch, cache.num_kv_heads, cache.head_dim)
+        if k.shape != want or v.shape != want:
+            raise ValueError(f"decode_step: k and v must be [B, H_kv, D]={want}, got {k.shape} and {v.shape}")
+        active = jnp.ones((cache.batch,), bool) if active is None else jnp.asarray(active)
+        if active.shape != (cache.batch,):
+            raise ValueError(f"decode_step: active must be bool [B]={(cache.batch,)}, got {active.shape}")
+        active = active.astype(bool)
+        if flush:
+            (cache,) = flush_full_rings((cache,), config, active)
+        # the kernels hand over their ring logits, so XLA makes no second pass over the ring
+        out, lse, *logits = decode_kernel.decode_attention(
+            q, cache, config, interpret=resolve_backend(backend) == "interpret", scale=scale,
+            ring_logits=ring_logits, new_token=(k, v, active))
+        cache = append(cache, k, v, config, active=active, flush=False, backend=backend)
+    ring_logits = logits[0] if logits else None
+    cache = accumulate_ring_scores(cache, q, lse, config, scale=scale, ring_logits=ring_logits)
     return out, cache
 
 

@@ -189,13 +189,19 @@ def decode_layout(cache: HybridKVCache, config: HyQuantConfig, q_heads: int,
 
 
 def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, interpret: bool = False,
-                     scale: float | None = None, tuning: DecodeTuning = DecodeTuning(), ring_logits: bool = False):
+                     scale: float | None = None, tuning: DecodeTuning = DecodeTuning(), ring_logits: bool = False,
+                     new_token=None):
     """Hybrid decode attention through the Pallas kernel.
 
     q: [B, Hq, D]. Returns (out [B, Hq, D] in q.dtype, lse float32 [B, Hq]); with ring_logits also the
     scaled logits of every window-ring slot, float32 [B, Hq, ring_size] (-inf for empty slots), as the
     kernel computed them (bf16 q and keys, float32 sums): `accumulate_ring_scores` takes them instead of
     recomputing q . ring_k in XLA.
+
+    new_token: None or (k, v [B, Hkv, D] in the cache dtype, active bool [B]): the step's own token, not yet
+    in the cache, attended as if `append(cache, k, v, active=active, flush=False)` had run first (the ring
+    logits then hold its logit at the slot that append fills). The caller appends it afterwards, so the
+    append runs after the attention launches that read the ring instead of before them (`decode_step`).
     """
     b, hq, d = q.shape
     if b != cache.batch or d != cache.head_dim or hq % cache.num_kv_heads:
@@ -204,9 +210,16 @@ def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, interpret: 
             f"{cache.num_kv_heads}, got {q.shape}"
         )
     check_cache(cache, config)
+    if new_token is not None:
+        k, v, active = new_token
+        want = (b, cache.num_kv_heads, d)
+        if k.shape != want or v.shape != want or jnp.shape(active) != (b,):
+            raise ValueError(f"new_token must be (k, v [B, Hkv, D]={want}, active bool [B]={(b,)}), got "
+                             f"{k.shape}, {v.shape}, {jnp.shape(active)}")
+        new_token = (k, v, jnp.asarray(active).astype(bool))
     lay, num_warps, num_stages, mosaic_launch = decode_plan(cache, config, hq, tuning, interpret, ring_logits)
     return _run(q, cache, lay, scale if scale is not None else 1.0 / math.sqrt(d), num_warps, num_stages,
-                interpret, mosaic_launch)
+                interpret, mosaic_launch, new_token)
 
 
 def decode_plan(cache: HybridKVCache, config: HyQuantConfig, q_heads: int, tuning: DecodeTuning = DecodeTuning(),
@@ -239,15 +252,30 @@ def _mosaic_low_bit(q, cache: HybridKVCache, scale: float, splits: int, stages: 
     return out if packed else decode_mgpu.natural_splits(*out)
 
 
+def _kernel_queries(q, lay: DecodeLayout, scale):
+    """q [B, Hq, D] -> scaled bf16 queries [B, H, rows, D] (GQA rows padded with zeros), as the Triton kernel
+    takes them."""
+    b, hq, d = q.shape
+    qg = (q.astype(jnp.float32) * scale).reshape(b, lay.kv_heads, lay.group, d)
+    return jnp.pad(qg, ((0, 0), (0, 0), (0, lay.rows - lay.group), (0, 0))).astype(jnp.bfloat16)
+
+
+def token_logits(q, k, active, lay: DecodeLayout, scale):
+    """Scaled logits of a key that is not in the cache: q [B, Hq, D], k [B, H, D], active bool [B] ->
+    float32 [B, H, rows] (the kernel's bf16 queries, float32 sums; -inf where not active)."""
+    qg = _kernel_queries(q, lay, scale).astype(jnp.float32)
+    # a product and a float32 sum, not a dot: XLA's default precision on the GPU would round a float32 dot's
+    # inputs to TF32 (~1e-3 off the kernel's logits)
+    logits = jnp.sum(qg * k.astype(jnp.bfloat16).astype(jnp.float32)[:, :, None, :], axis=-1)
+    return jnp.where(active[:, None, None], logits, -jnp.inf)
+
+
 def triton_splits(q, cache: HybridKVCache, lay: DecodeLayout, scale, num_warps, num_stages, interpret):
     """The Triton kernel's splits over the regions `lay` gives it. q: [B, Hq, D].
 
     Returns (o f32 [B, H, NS, rows, D], m, l f32 [B, H, NS, rows], ring logits f32 [B, H, rows, ring_size] or
     None without `lay.ring_logits`)."""
-    b, hq, d = q.shape
-    h = lay.kv_heads
-    qg = (q.astype(jnp.float32) * scale).reshape(b, h, lay.group, d)
-    qg = jnp.pad(qg, ((0, 0), (0, 0), (0, lay.rows - lay.group), (0, 0))).astype(jnp.bfloat16)
+    qg = _kernel_queries(q, lay, scale)
     unused = jnp.zeros((1,), jnp.bfloat16)
     o, m, l, *ring = hybrid_decode_splits(
         qg, cache.k_codes,
@@ -264,24 +292,29 @@ def triton_splits(q, cache: HybridKVCache, lay: DecodeLayout, scale, num_warps, 
 
 
 @jax.jit(static_argnames=("lay", "scale", "num_warps", "num_stages", "interpret", "mosaic_launch"))
-def _run(q, cache: HybridKVCache, lay: DecodeLayout, scale, num_warps, num_stages, interpret, mosaic_launch=None):
+def _run(q, cache: HybridKVCache, lay: DecodeLayout, scale, num_warps, num_stages, interpret, mosaic_launch=None,
+         new_token=None):
     b, hq, d = q.shape
     low = None
     if mosaic_launch is not None:
-        # The Mosaic launch reads the ring's counter (a select that keeps q), so the ring append of this step,
-        # one Pallas block, runs before the two attention launches instead of next to the Mosaic kernel (there it
-        # took 6.7 us, session 36's profile) while the Triton launch waited for it: B=1 32K 5.58 against 5.82 ms
-        # a step, 128K 7.11 against 7.37 (benchmarks/results/e2e_launch_order_s39.json).
-        q_after_append = jnp.where((cache.ring_len >= 0)[:, None, None], q, jnp.zeros_like(q))
-        low = _mosaic_low_bit(q_after_append, cache, scale, *mosaic_launch, packed=True)
+        low = _mosaic_low_bit(q, cache, scale, *mosaic_launch, packed=True)
     o, m, l, ring = triton_splits(q, cache, lay, scale, num_warps, num_stages, interpret)
+    token = None
+    if new_token is not None:  # the step's own token: one more split of one key, merged with the others
+        k, v, active = new_token
+        token = (token_logits(q, k, active, lay, scale), v)
     if low is not None:
         # Both launches' splits in one merge launch that reads the Mosaic kernel's outputs as written
         # (pallas_kernels.decode_merge) instead of XLA's four dependent fusions: B=1 32K 5.49 against 5.71 ms a
         # step, 128K 6.98 against 7.20 (benchmarks/results/e2e_merge_packed_s40.json).
-        out, lse = merge_hybrid_splits(o, m, l, *low, group=lay.group, out_dtype=q.dtype, interpret=interpret)
+        out, lse = merge_hybrid_splits(o, m, l, *low, token, group=lay.group, out_dtype=q.dtype,
+                                       interpret=interpret)
     else:
-        out, lse = merge_splits(o, m, l, lay.group)
-    if lay.ring_logits:
-        return out.astype(q.dtype), lse, ring[:, :, :lay.group].reshape(b, hq, lay.ring_size)
-    return out.astype(q.dtype), lse
+        out, lse = merge_splits(o, m, l, lay.group, token)
+    if not lay.ring_logits:
+        return out.astype(q.dtype), lse
+    if token is not None:  # the token's logit at the ring slot that the caller's append writes
+        slot = (cache.ring_start + cache.ring_len) % lay.ring_size
+        at = ((jnp.arange(lay.ring_size)[None, :] == slot[:, None]) & new_token[2][:, None])[:, None, None, :]
+        ring = jnp.where(at, token[0][..., None], ring)
+    return out.astype(q.dtype), lse, ring[:, :, :lay.group].reshape(b, hq, lay.ring_size)

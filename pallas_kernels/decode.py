@@ -450,12 +450,20 @@ def hybrid_decode_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, 
       v_zero, vl_k, vl_v, ring_k, ring_v)
 
 
-def merge_splits(o, m, l, group: int):
+def merge_splits(o, m, l, group: int, token=None):
     """Combine split results by log-sum-exp.
 
     o [B, H, NS, rows, D], m, l [B, H, NS, rows] -> (out [B, H*group, D] f32, lse [B, H*group] f32).
-    Empty splits have m = -inf and l = 0; a sequence with no keys gets 0 and -inf.
+    Empty splits have m = -inf and l = 0; a sequence with no keys gets 0 and -inf. token: None or (logits f32
+    [B, H, rows], v [B, H, D]): one more key outside the splits (a decode step's own token, attended before it
+    is written to the cache), i.e. a split with m = logits, l = 1 and o = v; -inf logits leave it out.
     """
+    if token is not None:
+        t_m, t_v = token
+        t_o = jnp.broadcast_to(t_v[:, :, None, None, :].astype(o.dtype), o.shape[:2] + (1,) + o.shape[3:])
+        o = jnp.concatenate([o, t_o], 2)
+        m = jnp.concatenate([m, t_m[:, :, None]], 2)
+        l = jnp.concatenate([l, jnp.where(jnp.isfinite(t_m), 1.0, 0.0)[:, :, None]], 2)
     o, m, l = o[:, :, :, :group], m[:, :, :, :group], l[:, :, :, :group]
     peak = jnp.max(m, axis=2, keepdims=True)
     peak = jnp.where(jnp.isfinite(peak), peak, 0.0)

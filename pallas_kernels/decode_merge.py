@@ -39,7 +39,7 @@ def _channels(splits: int, mosaic_splits: int, group: int) -> int:
     return max(1, min(CHANNELS, BLOCK_ELEMENTS // per_channel))
 
 
-def _kernel(o_ref, m_ref, l_ref, mo_ref, mml_ref, order_ref, out_ref, lse_ref, *,
+def _kernel(o_ref, m_ref, l_ref, mo_ref, mml_ref, tm_ref, tv_ref, order_ref, out_ref, lse_ref, *,
             group: int, splits: int, mosaic_splits: int, channels: int):
     # Every load and store indexes each axis with an index array (broadcast to the block's shape): the
     # channel axis needs one for the Mosaic set's gather, and Pallas' interpret mode takes index arrays only
@@ -60,16 +60,20 @@ def _kernel(o_ref, m_ref, l_ref, mo_ref, mml_ref, order_ref, out_ref, lse_ref, *
                      mask=jnp.broadcast_to(ok_t[None], (channels, ns, rows)), other=0.0)
     o_m = plgpu.load(mo_ref.at[b, h, s_m[None], value_rows, r[None]],
                      mask=jnp.broadcast_to(ok_m[None], (channels, nm, rows)), other=0.0)
+    m_n = plgpu.load(tm_ref.at[b, h, r[0]], mask=r[0] < group, other=-jnp.inf)  # [rows]: the step's own token
+    v_n = plgpu.load(tv_ref.at[b, h, cols[:, 0, 0]]).astype(jnp.float32)  # [channels]
     m_m = jnp.where(l_m > 0, m_m * math.log(2.0), -jnp.inf)  # base 2 -> natural; a split without keys -> -inf
-    peak = jnp.maximum(jnp.max(m_t, axis=0), jnp.max(m_m, axis=0))  # [rows]
+    peak = jnp.maximum(jnp.maximum(jnp.max(m_t, axis=0), jnp.max(m_m, axis=0)), m_n)  # [rows]
     peak = jnp.where(peak > -jnp.inf, peak, 0.0)
     w_t = jnp.exp(m_t - peak[None, :])  # 0 for the masked entries and the splits without keys (m = -inf)
     w_m = jnp.exp(m_m - peak[None, :])
-    denom = jnp.sum(w_t * l_t, axis=0) + jnp.sum(w_m * l_m, axis=0)  # [rows]
+    w_n = jnp.exp(m_n - peak)  # [rows]; 0 where the step's token is not attended (m = -inf)
+    denom = jnp.sum(w_t * l_t, axis=0) + jnp.sum(w_m * l_m, axis=0) + w_n  # [rows]
     # a split without keys may hold anything in o (NaN included): its weight 0 must not multiply it
     o_t = jnp.where(jnp.broadcast_to((w_t > 0)[None], o_t.shape), o_t, 0.0)
     o_m = jnp.where(jnp.broadcast_to((w_m > 0)[None], o_m.shape), o_m, 0.0)
     acc = jnp.sum(w_t[None] * o_t, axis=1) + jnp.sum(w_m[None] * o_m, axis=1)  # [channels, rows]
+    acc = acc + jnp.where(w_n[None, :] > 0, v_n[:, None] * w_n[None, :], 0.0)
     safe = jnp.where(denom > 0, denom, 1.0)
     out = (acc / safe[None, :]).astype(out_ref.dtype)
     plgpu.store(out_ref.at[b, h, r, cols[:, :, 0]], out, mask=jnp.broadcast_to(r < group, (channels, rows)))
@@ -81,12 +85,15 @@ def _kernel(o_ref, m_ref, l_ref, mo_ref, mml_ref, order_ref, out_ref, lse_ref, *
 
 
 @functools.partial(jax.jit, static_argnames=("group", "out_dtype", "interpret"))
-def merge_hybrid_splits(o, m, l, mosaic_o, mosaic_ml, *, group: int, out_dtype=jnp.float32, interpret: bool = False):
+def merge_hybrid_splits(o, m, l, mosaic_o, mosaic_ml, token=None, *, group: int, out_dtype=jnp.float32,
+                        interpret: bool = False):
     """Merge the Triton launch's splits and the Mosaic launch's splits by log-sum-exp, in one launch.
 
     o f32 [B, H, NS, rows, D], m, l f32 [B, H, NS, rows]: `hybrid_decode_splits`' outputs (natural-log maxima,
     -inf without keys); mosaic_o f32 [B, H, NM, D, 16], mosaic_ml f32 [B, H, NM, 2, 16]:
-    `decode_mgpu.low_bit_splits(..., packed=True)`' outputs. Rows at or past `group` are ignored.
+    `decode_mgpu.low_bit_splits(..., packed=True)`' outputs. token: None or (logits f32 [B, H, rows], v
+    [B, H, D] any float dtype), one more key that is not in the cache (the decode step's own token, see
+    `decode.merge_splits`); -inf logits leave it out. Rows at or past `group` are ignored.
     Returns (out [B, H * group, D] in out_dtype, lse f32 [B, H * group]): the same as
     `decode.merge_splits` of both sets concatenated (`decode_mgpu.natural_splits` for the Mosaic set);
     a sequence without keys gets 0 and -inf.
@@ -103,6 +110,13 @@ def merge_hybrid_splits(o, m, l, mosaic_o, mosaic_ml, *, group: int, out_dtype=j
     if o.dtype != jnp.float32 or d != HEAD_DIM or not 1 <= group <= min(rows, ROWS):
         raise ValueError(f"o must be float32 [B, H, NS, rows, D={HEAD_DIM}] and group in [1, min(rows, {ROWS})]; "
                          f"got {o.dtype} {o.shape}, group={group}")
+    if token is None:
+        token = (jnp.full((b, h, rows), -jnp.inf, jnp.float32), jnp.zeros((b, h, d), jnp.float32))
+    token_m, token_v = token
+    if token_m.shape != (b, h, rows) or token_m.dtype != jnp.float32:
+        raise ValueError(f"token logits must be float32 {(b, h, rows)}, got {token_m.dtype} {token_m.shape}")
+    if token_v.shape != (b, h, d) or not jnp.issubdtype(token_v.dtype, jnp.floating):
+        raise ValueError(f"token v must be a float array {(b, h, d)}, got {token_v.dtype} {token_v.shape}")
     order = jnp.asarray(NATURAL_FROM_VALUE_ROWS, jnp.int32)
     block_rows, channels = pl.next_power_of_2(group), _channels(ns, nm, group)
     out, lse = pl.pallas_call(
@@ -113,12 +127,13 @@ def merge_hybrid_splits(o, m, l, mosaic_o, mosaic_ml, *, group: int, out_dtype=j
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
         interpret=interpret,
         name="hyquant_merge_splits",
-    )(o, m, l, mosaic_o, mosaic_ml, order)
+    )(o, m, l, mosaic_o, mosaic_ml, token_m, token_v, order)
     return out[:, :, :group].reshape(b, h * group, d), lse[:, :, :group].reshape(b, h * group)
 
 
-def reference_merge(o, m, l, mosaic_o, mosaic_ml, group: int):
-    """float64 NumPy oracle of `merge_hybrid_splits` (the log-sum-exp merge of both sets, first `group` rows)."""
+def reference_merge(o, m, l, mosaic_o, mosaic_ml, group: int, token=None):
+    """float64 NumPy oracle of `merge_hybrid_splits` (the log-sum-exp merge of both sets and the token, first
+    `group` rows)."""
     from pallas_kernels.decode_mgpu import NATURAL_FROM_VALUE_ROWS
 
     mosaic_m, mosaic_l = np.asarray(mosaic_ml)[..., 0, :], np.asarray(mosaic_ml)[..., 1, :]
@@ -127,6 +142,10 @@ def reference_merge(o, m, l, mosaic_o, mosaic_ml, group: int):
     ml = np.asarray(mosaic_l, np.float64)[:, :, :, :group]
     mm = np.where(ml > 0, np.asarray(mosaic_m, np.float64)[:, :, :, :group] * np.log(2.0), -np.inf)
     o, m, l = np.concatenate([o, mo], 2), np.concatenate([m, mm], 2), np.concatenate([l, ml], 2)
+    if token is not None:  # one more split: a single key, l = 1, o = its value
+        tm = np.asarray(token[0], np.float64)[:, :, None, :group]
+        tv = np.broadcast_to(np.asarray(token[1], np.float64)[:, :, None, None, :], tm.shape + (o.shape[-1],))
+        o, m, l = np.concatenate([o, tv], 2), np.concatenate([m, tm], 2), np.concatenate([l, np.ones_like(tm)], 2)
     peak = m.max(axis=2, keepdims=True)
     peak = np.where(np.isfinite(peak), peak, 0.0)
     w = np.where(np.isfinite(m), np.exp(m - peak), 0.0)

@@ -229,6 +229,66 @@ def test_interpret_decode_step_ring_scores_match_reference():
         hq.accumulate_ring_scores(cache, qd, jnp.zeros((2, 4)), config, ring_logits=jnp.zeros((2, 4, 5)))
 
 
+def _new_token(seed, cache):
+    k, v = jax.random.normal(jax.random.PRNGKey(seed), (2, cache.batch, cache.num_kv_heads, cache.head_dim))
+    return k.astype(cache.dtype), v.astype(cache.dtype)
+
+
+def _check_new_token(qd, cache, config, interpret, active, tuning=DecodeTuning()):
+    """decode_attention(cache, new_token=(k, v, active)) attends as over append(cache, k, v, active): the same
+    lse and ring logits (the token's at the slot append fills; -inf there for an inactive sequence), and the
+    output up to the kernel's bf16 rounding of the probabilities it multiplies with V (the token's own split
+    has weight 1 and V as it is); the reference's output and lse on the appended cache."""
+    (cache,) = hq.flush_full_rings((cache,), config, jnp.ones((cache.batch,), bool))
+    k, v = _new_token(21, cache)
+    out, lse, logits = kernel_decode(qd, cache, config, interpret=interpret, ring_logits=True,
+                                     new_token=(k, v, active), tuning=tuning)
+    appended = hq.append(cache, k, v, config, active=active, flush=False)
+    want_out, want_lse, want_logits = kernel_decode(qd, appended, config, interpret=interpret, ring_logits=True,
+                                                    tuning=tuning)
+    out, want_out = np.asarray(out, np.float32), np.asarray(want_out, np.float32)
+    assert np.linalg.norm(out - want_out) < 4e-3 * np.linalg.norm(want_out)
+    np.testing.assert_allclose(np.asarray(lse), np.asarray(want_lse), rtol=1e-6, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(want_logits), rtol=1e-6, atol=1e-5)
+    ref, ref_lse = hq.hybrid_decode_attention_reference(qd.astype(jnp.float32), appended, config)
+    assert np.linalg.norm(out - np.asarray(ref)) < 1e-2 * np.linalg.norm(np.asarray(ref))  # as `_check`
+    np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), atol=2e-2)
+    return k, v
+
+
+@pytest.mark.parametrize("appends", [0, 13])
+def test_interpret_new_token_equals_appending_first(appends):
+    """Rings after flushes or not yet flushed, a sequence without prompt tokens, one inactive sequence."""
+    config = hq.HyQuantConfig(**SMALL)
+    qd, cache = _cache(jax.random.PRNGKey(20 + appends), 3, 6, 2, 64, [150, 70, 0], config, appends=appends,
+                       max_len=200, dtype=jnp.bfloat16)
+    k, v = _check_new_token(qd, cache, config, True, jnp.asarray([True, False, True]))
+    with pytest.raises(ValueError, match="new_token must be"):
+        kernel_decode(qd, cache, config, interpret=True, new_token=(k[:, :1], v, jnp.ones((3,), bool)))
+
+
+def test_decode_step_attends_before_it_appends():
+    """On the kernel backends decode_step's attention launches read the cache as it was: nothing they read
+    comes from the step's ring append, so XLA may run the append after them (off the path from q to out)."""
+    config = hq.HyQuantConfig(**SMALL)
+    qd, cache = _cache(jax.random.PRNGKey(22), 1, 4, 2, 64, [100], config, appends=1)
+    k, v = _new_token(23, cache)
+    jaxpr = jax.make_jaxpr(lambda *a: hq.decode_step(*a, config, backend="interpret", flush=False))(
+        qd, k, v, cache).jaxpr
+    names = [str(e.params.get("name", "")) for e in jaxpr.eqns]
+    assert "_run" in names and "_append" in names
+    written = set()  # every variable computed from the append's outputs
+    for eqn in jaxpr.eqns:
+        reads = {x for x in eqn.invars if isinstance(x, jax.extend.core.Var)}
+        if str(eqn.params.get("name", "")) == "_append" or reads & written:
+            written |= set(eqn.outvars)
+        if str(eqn.params.get("name", "")) == "_run":
+            assert not reads & written
+            attention = eqn
+    append = next(e for e in jaxpr.eqns if str(e.params.get("name", "")) == "_append")
+    assert set(attention.outvars).isdisjoint(append.invars)  # and the append does not wait for attention
+
+
 def test_unsupported_group_size_is_a_clear_error():
     config = hq.HyQuantConfig(group_size=8, **SMALL)
     qd, cache = _cache(jax.random.PRNGKey(5), 1, 2, 1, 64, [64], config)
@@ -299,3 +359,13 @@ def test_gpu_ring_logits(tuning):
     config = hq.HyQuantConfig()
     qd, cache = _cache(jax.random.PRNGKey(9), 2, 32, 8, 128, [4097, 999], config, appends=37, dtype=jnp.bfloat16)
     _check_ring_logits(qd, cache, config, interpret=False, tuning=tuning)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tuning", [DecodeTuning(low_bit="triton"), DecodeTuning(low_bit="mosaic")])
+def test_gpu_new_token(tuning):
+    """The step's own token as one more split, through the compiled kernels (the merge kernel with Mosaic)."""
+    config = hq.HyQuantConfig()
+    qd, cache = _cache(jax.random.PRNGKey(10), 3, 32, 8, 128, [4097, 999, 60], config, appends=64,
+                       dtype=jnp.bfloat16)
+    _check_new_token(qd, cache, config, False, jnp.asarray([True, True, False]), tuning=tuning)

@@ -33,12 +33,21 @@ def _splits(seed, b, h, ns, rows, nm, group, empty=0.3, garbage=True):
     return o, m, l, mo, np.stack([mm, ml], axis=-2)
 
 
-def _xla_merge(o, m, l, mo, mml, group):
+def _token(seed, b, h, rows, absent=0.3):
+    """The decode step's own token: logits [b, h, rows] (-inf where it is not attended: a share `absent` of
+    the sequences and heads, NaN-free), v [b, h, 128]."""
+    rng = np.random.default_rng(seed + 1)
+    tm = (rng.normal(size=(b, h, rows)) * 30).astype(np.float32)
+    tm[rng.random((b, h)) < absent] = -np.inf
+    return tm, rng.normal(size=(b, h, 128)).astype(np.float32)
+
+
+def _xla_merge(o, m, l, mo, mml, group, token=None):
     """What decode_kernel did before the kernel: natural_splits of the Mosaic set, concatenated, merge_splits."""
     low = dm.natural_splits(jnp.swapaxes(jnp.asarray(mo), -1, -2), jnp.asarray(mml[..., 0, :]),
                             jnp.asarray(mml[..., 1, :]))
     both = [jnp.concatenate([jnp.asarray(x), y], axis=2) for x, y in zip((o, m, l), low)]
-    return merge_splits(*both, group)
+    return merge_splits(*both, group, None if token is None else tuple(jnp.asarray(x) for x in token))
 
 
 CASES = [  # b, h, ns, rows (the Triton launch's: max(16, group rounded up to a power of two)), nm, group
@@ -49,29 +58,38 @@ CASES = [  # b, h, ns, rows (the Triton launch's: max(16, group rounded up to a 
 ]
 
 
+def _jnp(token):
+    return None if token is None else tuple(jnp.asarray(x) for x in token)
+
+
+@pytest.mark.parametrize("with_token", [False, True])
 @pytest.mark.parametrize("b,h,ns,rows,nm,group", CASES)
-def test_merge_matches_oracle_and_xla(b, h, ns, rows, nm, group):
+def test_merge_matches_oracle_and_xla(b, h, ns, rows, nm, group, with_token):
     args = _splits(b * 100 + ns, b, h, ns, rows, nm, group)
-    out, lse = dmg.merge_hybrid_splits(*(jnp.asarray(x) for x in args), group=group, interpret=True)
-    ref_out, ref_lse = dmg.reference_merge(*args, group)
+    token = _token(b * 100 + ns, b, h, rows) if with_token else None
+    out, lse = dmg.merge_hybrid_splits(*(jnp.asarray(x) for x in args), _jnp(token), group=group, interpret=True)
+    ref_out, ref_lse = dmg.reference_merge(*args, group, token)
     np.testing.assert_allclose(np.asarray(out), ref_out, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(lse), ref_lse, rtol=1e-6, atol=1e-5)
     clean = _splits(b * 100 + ns, b, h, ns, rows, nm, group, garbage=False)  # XLA's merge reads every row
-    xla_out, xla_lse = _xla_merge(*clean, group)
-    out, lse = dmg.merge_hybrid_splits(*(jnp.asarray(x) for x in clean), group=group, interpret=True)
+    xla_out, xla_lse = _xla_merge(*clean, group, token)
+    out, lse = dmg.merge_hybrid_splits(*(jnp.asarray(x) for x in clean), _jnp(token), group=group, interpret=True)
     np.testing.assert_allclose(np.asarray(out), np.asarray(xla_out), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(lse), np.asarray(xla_lse), rtol=1e-6, atol=1e-5)
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(b=st.integers(1, 2), h=st.integers(1, 3), ns=st.integers(1, 9), nm=st.integers(1, 40),
-       group=st.integers(1, 16), empty=st.sampled_from([0.0, 0.3, 1.0]), seed=st.integers(0, 2**16))
-def test_merge_matches_oracle_on_random_shapes(b, h, ns, nm, group, empty, seed):
+       group=st.integers(1, 16), empty=st.sampled_from([0.0, 0.3, 1.0]), seed=st.integers(0, 2**16),
+       token=st.sampled_from([None, 0.0, 0.5, 1.0]))
+def test_merge_matches_oracle_on_random_shapes(b, h, ns, nm, group, empty, seed, token):
     """Any split counts (powers of two or not, a single split), any GQA group up to 16 rows, none to all splits
-    without keys (NaN in their outputs and in the rows past the group): the oracle's output and lse."""
+    without keys (NaN in their outputs and in the rows past the group), no step token or one that is absent
+    for none, half or all of the heads: the oracle's output and lse."""
     args = _splits(seed, b, h, ns, 16, nm, group, empty=empty)
-    out, lse = dmg.merge_hybrid_splits(*(jnp.asarray(x) for x in args), group=group, interpret=True)
-    ref_out, ref_lse = dmg.reference_merge(*args, group)
+    token = None if token is None else _token(seed, b, h, 16, absent=token)
+    out, lse = dmg.merge_hybrid_splits(*(jnp.asarray(x) for x in args), _jnp(token), group=group, interpret=True)
+    ref_out, ref_lse = dmg.reference_merge(*args, group, token)
     np.testing.assert_allclose(np.asarray(out), ref_out, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(lse), ref_lse, rtol=1e-6, atol=1e-5)
 
@@ -85,6 +103,13 @@ def test_sequence_without_keys_gives_zero_and_minus_inf():
     assert out.dtype == jnp.bfloat16
     assert np.all(np.asarray(out[0]) == 0) and np.all(np.isneginf(np.asarray(lse[0])))
     assert np.all(np.isfinite(np.asarray(out[1], np.float32))) and np.all(np.isfinite(np.asarray(lse[1])))
+    # the step's own token alone (a sequence whose cache holds nothing yet): its value, its logit
+    tm, tv = _token(7, 2, 2, 16, absent=0.0)
+    out, lse = dmg.merge_hybrid_splits(*(jnp.asarray(x) for x in (o, m, l, mo, mml)), _jnp((tm, tv)), group=4,
+                                       interpret=True)
+    np.testing.assert_allclose(np.asarray(out[0]).reshape(2, 4, 128), np.broadcast_to(tv[0][:, None], (2, 4, 128)),
+                               rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(lse[0]), tm[0, :, :4].reshape(8), rtol=1e-6)
 
 
 def test_argument_errors_name_the_argument():
@@ -97,6 +122,11 @@ def test_argument_errors_name_the_argument():
         dmg.merge_hybrid_splits(o, m, l.astype(jnp.bfloat16), mo, mml, group=4, interpret=True)
     with pytest.raises(ValueError, match="group"):
         dmg.merge_hybrid_splits(o, m, l, mo, mml, group=5, interpret=True)
+    tm, tv = (jnp.asarray(x) for x in _token(1, 1, 2, 4))
+    with pytest.raises(ValueError, match="token logits must be float32"):
+        dmg.merge_hybrid_splits(o, m, l, mo, mml, (tm[..., :2], tv), group=4, interpret=True)
+    with pytest.raises(ValueError, match="token v must be a float array"):
+        dmg.merge_hybrid_splits(o, m, l, mo, mml, (tm, tv.astype(jnp.int32)), group=4, interpret=True)
 
 
 def test_merge_kernel_lowers_for_hopper():
@@ -116,12 +146,14 @@ def test_merge_kernel_lowers_for_hopper():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("with_token", [False, True])
 @pytest.mark.parametrize("b,h,ns,rows,nm,group", CASES)
-def test_gpu_merge_matches_oracle(b, h, ns, rows, nm, group):
+def test_gpu_merge_matches_oracle(b, h, ns, rows, nm, group, with_token):
     if jax.default_backend() != "gpu":
         pytest.skip("needs a CUDA GPU (run `pytest -m gpu` on the GPU box)")
     args = _splits(b * 100 + ns, b, h, ns, rows, nm, group)
-    out, lse = dmg.merge_hybrid_splits(*(jnp.asarray(x) for x in args), group=group)
-    ref_out, ref_lse = dmg.reference_merge(*args, group)
+    token = _token(b * 100 + ns, b, h, rows) if with_token else None
+    out, lse = dmg.merge_hybrid_splits(*(jnp.asarray(x) for x in args), _jnp(token), group=group)
+    ref_out, ref_lse = dmg.reference_merge(*args, group, token)
     np.testing.assert_allclose(np.asarray(out), ref_out, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(lse), ref_lse, rtol=1e-6, atol=1e-5)

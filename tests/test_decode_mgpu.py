@@ -9,7 +9,6 @@ against the reference, which takes this kernel for the default config on Hopper.
 """
 
 import dataclasses
-import functools
 import math
 
 import jax
@@ -133,35 +132,13 @@ def test_glue_merges_mosaic_and_triton_splits(monkeypatch):
     ref, ref_lse = hq.hybrid_decode_attention_reference(qd, cache, config)
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=2e-3, atol=2e-3)
     np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), atol=2e-3)  # bf16 q in the Triton splits
-
-
-def _inputs_feeding(jaxpr, target) -> set:
-    """The input variables of `jaxpr` that the first equation of primitive `target` reads, directly or through
-    earlier equations (an equation's outputs count as reading all its inputs)."""
-    reads = {v: {v} for v in jaxpr.invars}
-    for eqn in jaxpr.eqns:
-        sources = set().union(*(reads.get(v, set()) for v in eqn.invars if isinstance(v, jax.extend.core.Var)))
-        if eqn.primitive.name == target:
-            return sources
-        for v in eqn.outvars:
-            reads[v] = sources
-    raise AssertionError(f"no {target} equation")
-
-
-def test_mosaic_launch_waits_for_the_ring_append(monkeypatch):
-    """The Mosaic launch's query reads the cache's ring counter (what the step's ring append writes), so XLA
-    runs the append before that launch (benchmarks/results/e2e_launch_order_s39.json)."""
-    monkeypatch.setattr(dm, "low_bit_splits", _emulated_low_bit_splits)
-    config = hq.HyQuantConfig()
-    qd, cache = _cache(jax.random.PRNGKey(13), 1, 8, 2, 128, [700], config, appends=1)
-    lay = decode_kernel.decode_layout(cache, config, 8, low_bit_elsewhere=True)
-    run = functools.partial(decode_kernel._run.__wrapped__, lay=lay, scale=1.0 / math.sqrt(128), num_warps=2,
-                            num_stages=2, interpret=True, mosaic_launch=(3, 2))
-    jaxpr = jax.make_jaxpr(run)(qd, cache).jaxpr
-    leaves = jax.tree_util.tree_leaves((qd, cache))
-    assert len(leaves) == len(jaxpr.invars)
-    ring_len = jaxpr.invars[next(i for i, x in enumerate(leaves) if x is cache.ring_len)]
-    assert ring_len in _inputs_feeding(jaxpr, "pure_callback")  # the emulated Mosaic kernel
+    # with the step's own token as one more key (merged by decode_merge's kernel): as over the appended cache
+    k, v = jax.random.normal(jax.random.PRNGKey(12), (2, 3, 2, 128))
+    active = jnp.asarray([True, True, False])
+    out, lse = decode_kernel._run(qd, cache, lay, 1.0 / math.sqrt(128), 2, 2, True, (3, 2), (k, v, active))
+    ref, ref_lse = hq.hybrid_decode_attention_reference(qd, hq.append(cache, k, v, config, active=active), config)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), atol=2e-3)
 
 
 def test_mosaic_choice():
@@ -192,7 +169,7 @@ def test_mosaic_splits_override(monkeypatch):
     qd, cache = _cache(jax.random.PRNGKey(13), 2, 8, 2, 128, [300, 200], config)
     launches = []
     monkeypatch.setattr(decode_kernel, "use_mosaic_low_bit", lambda *a, **k: True)
-    monkeypatch.setattr(decode_kernel, "_run", lambda *a: launches.append(a[-1]))
+    monkeypatch.setattr(decode_kernel, "_run", lambda *a: launches.append(a[7]))  # mosaic_launch
     for t in (decode_kernel.DecodeTuning(mosaic_splits=5, mosaic_stages=3), decode_kernel.DecodeTuning()):
         decode_kernel.decode_attention(qd, cache, config, interpret=True, tuning=t)
     pages = cache.page_count.shape[1]
