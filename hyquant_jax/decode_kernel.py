@@ -263,10 +263,14 @@ def _kernel_queries(q, lay: DecodeLayout, scale):
 def token_logits(q, k, active, lay: DecodeLayout, scale):
     """Scaled logits of a key that is not in the cache: q [B, Hq, D], k [B, H, D], active bool [B] ->
     float32 [B, H, rows] (the kernel's bf16 queries, float32 sums; -inf where not active)."""
-    qg = _kernel_queries(q, lay, scale).astype(jnp.float32)
-    # a product and a float32 sum, not a dot: XLA's default precision on the GPU would round a float32 dot's
-    # inputs to TF32 (~1e-3 off the kernel's logits)
-    logits = jnp.sum(qg * k.astype(jnp.bfloat16).astype(jnp.float32)[:, :, None, :], axis=-1)
+    b, hq, d = q.shape
+    qg = (q.astype(jnp.float32) * scale).reshape(b, lay.kv_heads, lay.group, d)
+    # bf16 rounding as an explicit op: XLA drops a float32 -> bf16 -> float32 convert pair inside a fusion
+    # (excess precision), which left these logits ~1e-3 off the kernel's on the H200 (session 42)
+    qg = jax.lax.reduce_precision(qg, exponent_bits=8, mantissa_bits=7)
+    kb = jax.lax.reduce_precision(k.astype(jnp.float32), exponent_bits=8, mantissa_bits=7)
+    logits = jnp.sum(qg * kb[:, :, None, :], axis=-1)  # a float32 sum, not a dot (which XLA may run in TF32)
+    logits = jnp.pad(logits, ((0, 0), (0, 0), (0, lay.rows - lay.group)))
     return jnp.where(active[:, None, None], logits, -jnp.inf)
 
 

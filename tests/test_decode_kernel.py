@@ -249,7 +249,21 @@ def _check_new_token(qd, cache, config, interpret, active, tuning=DecodeTuning()
     out, want_out = np.asarray(out, np.float32), np.asarray(want_out, np.float32)
     assert np.linalg.norm(out - want_out) < 4e-3 * np.linalg.norm(want_out)
     np.testing.assert_allclose(np.asarray(lse), np.asarray(want_lse), rtol=1e-6, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(logits), np.asarray(want_logits), rtol=1e-6, atol=1e-5)
+    # the other slots as the kernel computed them; the token's slot as the float64 q . k of the bf16 operands
+    # (the kernel's own logit there is within its rounding, `_check_ring_logits`: on the H200 ~1e-3 off with
+    # the Mosaic launch, session 42)
+    b, q_heads, d = qd.shape
+    h, r = cache.num_kv_heads, cache.ring_k.shape[2]
+    slot = np.asarray((cache.ring_start + cache.ring_len) % r)
+    at = (np.arange(r)[None, :] == slot[:, None]) & np.asarray(active)[:, None]  # [B, R]
+    at = np.broadcast_to(at[:, None, :], (b, q_heads, r))
+    logits, want_logits = np.asarray(logits), np.asarray(want_logits)
+    np.testing.assert_allclose(logits[~at], want_logits[~at], rtol=1e-6, atol=1e-5)
+    scale = 1.0 / np.sqrt(d)
+    q64 = np.asarray((qd.astype(jnp.float32) * scale).astype(jnp.bfloat16).astype(jnp.float32), np.float64)
+    k64 = np.asarray(k.astype(jnp.float32), np.float64)
+    exact = np.einsum("bhgd,bhd->bhg", q64.reshape(b, h, q_heads // h, d), k64).reshape(b, q_heads)
+    np.testing.assert_allclose(logits[at], np.broadcast_to(exact[:, :, None], at.shape)[at], rtol=1e-5, atol=1e-5)
     ref, ref_lse = hq.hybrid_decode_attention_reference(qd.astype(jnp.float32), appended, config)
     assert np.linalg.norm(out - np.asarray(ref)) < 1e-2 * np.linalg.norm(np.asarray(ref))  # as `_check`
     np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), atol=2e-2)
