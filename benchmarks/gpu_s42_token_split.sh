@@ -15,6 +15,14 @@ set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+if [ "${PART:-1}" = 3 ]; then
+  (cd .gpu_run/bf16_attend_first && PYTHONPATH=. timeout 90 python3 -m pytest -q -p no:cacheprovider -rf \
+     tests/test_models.py -k "attend_first or decode_steps_match_full" > "$OUT/bf16_attend_first_tests_s42.log" 2>&1)
+  echo "tests rc=$?"; tail -2 "$OUT/bf16_attend_first_tests_s42.log"
+  VARIANTS=$'.|bf16|\n.gpu_run/bf16_attend_first|bf16|\n.|bf16|' PREFIXES=32768,131072 STEPS=64 REPS=3 \
+    RUN_LIMIT=100 NAME=e2e_bf16_attend_first_s42 bash benchmarks/gpu_e2e_variants.sh
+  exit 0
+fi
 if [ "${PART:-1}" = 2 ]; then
   PYTHONPATH=. timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_decode_kernel.py \
     tests/test_decode_merge.py tests/test_generate.py -k "gpu_new_token or gpu_ring_logits or gpu_merge or on_the_device" \
@@ -32,3 +40,10 @@ echo "tests rc=$?"; tail -3 "$OUT/token_split_gpu_tests_s42.log"
 VARIANTS=$'.|bf16,hyquant|\n.gpu_run/before_token_split|hyquant|\n.|hyquant|' \
   PREFIXES=32768,131072 STEPS=64 REPS=3 RUN_LIMIT=${RUN_LIMIT:-150} NAME=e2e_token_split_s42 \
   bash benchmarks/gpu_e2e_variants.sh
+# PART=3 (the third call): the bf16 baseline with the same change (BF16Attention(attend_first=True): the step's
+#   token as one more key, written after the attention), as a tree whose default is flipped:
+#   mkdir -p .gpu_run/bf16_attend_first && tar -c hyquant_jax models pallas_kernels benchmarks/*.py tests \
+#     pyproject.toml | tar -x -C .gpu_run/bf16_attend_first && sed -i \
+#     's/^    attend_first: bool = False$/    attend_first: bool = True/' .gpu_run/bf16_attend_first/models/attention.py
+#   The models tests (attend_first against writing first) on the GPU, then bf16 at 32K and 128K in the order
+#   main, attend_first, main.

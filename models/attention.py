@@ -134,14 +134,15 @@ def steps_until_begin(attention, states: tuple, ctx: DecodeContext) -> jax.Array
 
 
 def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
-                      scale: float | None = None, f32_probs: bool = False) -> jax.Array:
+                      scale: float | None = None, f32_probs: bool = False, token=None) -> jax.Array:
     """Masked softmax attention with GQA grouping, no K/V repeat.
 
     q [B, Hq, T, D]; k, v [B, Hkv, S, D]; mask bool broadcastable to
     [B, 1, 1, T, S]. Logits and softmax in float32; the probabilities are
     cast to v.dtype for the PV product (flash-attention numerics) unless
     f32_probs, which multiplies float32 probabilities with float32 values
-    (the numerics of `hyquant_jax.reference`). Rows with no visible key give
+    (the numerics of `hyquant_jax.reference`). token: None or (k, v [B, Hkv, D]), one more key that every
+    query sees (a decode step's own token before it is written to the cache). Rows with no visible key give
     0. Returns [B, Hq, T, D] in q.dtype.
     """
     b, hq, t, d = q.shape
@@ -151,14 +152,22 @@ def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     logits = jnp.einsum("bhgtd,bhsd->bhgts", qg, k, preferred_element_type=jnp.float32) * scale
     logits = jnp.where(mask, logits, -jnp.inf)
     peak = jnp.max(logits, axis=-1, keepdims=True)
+    if token is not None:
+        t_k, t_v = token
+        t_logit = jnp.einsum("bhgtd,bhd->bhgt", qg, t_k, preferred_element_type=jnp.float32)[..., None] * scale
+        peak = jnp.maximum(peak, t_logit)
     peak = jnp.where(jnp.isfinite(peak), peak, 0.0)
     p = jnp.exp(logits - peak)
     denom = jnp.sum(p, axis=-1, keepdims=True)
-    p = p / jnp.where(denom > 0, denom, 1.0)
-    if f32_probs:
-        out = jnp.einsum("bhgts,bhsd->bhgtd", p, v.astype(jnp.float32))
-    else:
-        out = jnp.einsum("bhgts,bhsd->bhgtd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    if token is not None:
+        t_p = jnp.exp(t_logit - peak)
+        denom = denom + t_p
+    safe = jnp.where(denom > 0, denom, 1.0)
+    p = p / safe
+    pv = jnp.float32 if f32_probs else v.dtype
+    out = jnp.einsum("bhgts,bhsd->bhgtd", p.astype(pv), v.astype(pv), preferred_element_type=jnp.float32)
+    if token is not None:
+        out = out + (t_p / safe).astype(pv).astype(jnp.float32) * t_v.astype(pv).astype(jnp.float32)[:, :, None, None]
     return out.reshape(b, hq, t, d).astype(q.dtype)
 
 
@@ -270,11 +279,17 @@ class BF16Attention:
     f32_probs: PV product in float32 (see `grouped_attention`); None: only
       off-GPU, where it matches the numerics of the jnp reference backends
       (on GPU it would upcast the whole V cache every step).
+    attend_first: decode attends over the cache before the step's token is written, with that token as one
+      more key (`grouped_attention(..., token=...)`), then writes it: the write leaves the path from q to
+      the output, as the hybrid cache's ring append does since session 42 (`hyquant_jax.decode_step`). Off
+      by default: it made the bf16 step slower on the H200 (B=1 32K 6.05 against 5.95-5.96 ms, 128K 9.84
+      against 9.70-9.71; benchmarks/results/e2e_bf16_attend_first_s42.json).
     """
 
     prefill_impl: str = "auto"
     cache_dtype: Any = None
     f32_probs: bool | None = None
+    attend_first: bool = False
 
     def __post_init__(self):
         if self.prefill_impl not in ("auto", "xla", "cudnn"):
@@ -312,7 +327,15 @@ class BF16Attention:
     def decode(self, layer, q, k, v, state: KVBuffer, ctx: DecodeContext):
         s = state.k.shape[2]
         pos = jnp.minimum(ctx.positions, s - 1)
-        state = KVBuffer(*write_tokens((state.k, state.v), (k, v), pos))
-        mask = (jnp.arange(s)[None, :] <= pos[:, None])[:, None, None, None, :]
-        out = grouped_attention(q[:, :, None], state.k, state.v, mask, f32_probs=self._f32())
-        return out[:, :, 0], state
+        k, v = k.astype(state.k.dtype), v.astype(state.v.dtype)
+        if not self.attend_first:
+            state = KVBuffer(*write_tokens((state.k, state.v), (k, v), pos))
+            mask = (jnp.arange(s)[None, :] <= pos[:, None])[:, None, None, None, :]
+            out = grouped_attention(q[:, :, None], state.k, state.v, mask, f32_probs=self._f32())
+            return out[:, :, 0], state
+        mask = (jnp.arange(s)[None, :] < pos[:, None])[:, None, None, None, :]
+        out = grouped_attention(q[:, :, None], state.k, state.v, mask, f32_probs=self._f32(), token=(k, v))
+        # the write takes the cache through a barrier with the output, so it runs after the attention has read
+        # the cache (in place: no copy of the cache to keep the old slot for the reader)
+        out, cache_k, cache_v = jax.lax.optimization_barrier((out, state.k, state.v))
+        return out[:, :, 0], KVBuffer(*write_tokens((cache_k, cache_v), (k, v), pos))

@@ -138,9 +138,11 @@ def test_rope_depends_on_relative_position(m, n, shift):
     assert dot(m, n) == pytest.approx(dot(m + shift, n + shift), rel=1e-4, abs=1e-4)
 
 
+@pytest.mark.parametrize("attend_first", [False, True])
 @pytest.mark.parametrize("name", sorted(VARIANTS))
-def test_decode_steps_match_full_forward(name):
-    """Prefill T-3 tokens then decode 3 one by one == one causal forward over T tokens."""
+def test_decode_steps_match_full_forward(name, attend_first):
+    """Prefill T-3 tokens then decode 3 one by one == one causal forward over T tokens (the step's token
+    written before the attention, or attended as one more key and written after it)."""
     config = VARIANTS[name]
     params = init_params(jax.random.PRNGKey(1), config, jnp.float32)
     check_params(params, config)
@@ -148,7 +150,7 @@ def test_decode_steps_match_full_forward(name):
     tokens = jax.random.randint(jax.random.PRNGKey(2), (2, t), 0, config.vocab_size)
     full = _full_logits(params, config, tokens)
 
-    attn = BF16Attention()
+    attn = BF16Attention(attend_first=attend_first)
     p = t - 3
     ctx = PrefillContext(jnp.int32(0), jnp.full((2,), p, jnp.int32), t, whole=True)
     states = _states(config, 2, t)
@@ -158,6 +160,26 @@ def test_decode_steps_match_full_forward(name):
         dctx = DecodeContext(jnp.full((2,), i, jnp.int32), jnp.ones((2,), bool))
         step, states = forward(params, tokens[:, i:i + 1], dctx, states, config=config, attention=attn)
         np.testing.assert_allclose(step[:, 0], full[:, i], rtol=1e-4, atol=1e-4)
+
+
+def test_attend_first_decode_equals_write_first():
+    """BF16Attention(attend_first=True): the same cache bit for bit and the same output as writing the token
+    first, for ragged positions (one at the last slot, where the position is clipped) in a bf16 cache."""
+    from models.attention import KVBuffer
+
+    rng = jax.random.split(jax.random.PRNGKey(3), 5)
+    b, hq, hkv, s, d = 3, 8, 2, 40, 32
+    cache = KVBuffer(*(jax.random.normal(r, (b, hkv, s, d), jnp.bfloat16) for r in rng[:2]))
+    q = jax.random.normal(rng[2], (b, hq, d), jnp.bfloat16)
+    k, v = (jax.random.normal(r, (b, hkv, d), jnp.bfloat16) for r in rng[3:])
+    ctx = DecodeContext(jnp.asarray([0, 17, 45], jnp.int32), jnp.ones((b,), bool))
+    want, want_state = BF16Attention(f32_probs=False).decode(0, q, k, v, cache, ctx)
+    got, got_state = BF16Attention(f32_probs=False, attend_first=True).decode(0, q, k, v, cache, ctx)
+    for x, y in zip(jax.tree_util.tree_leaves(got_state), jax.tree_util.tree_leaves(want_state)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=2e-2, atol=2e-2)
+    err = np.linalg.norm(np.asarray(got, np.float32) - np.asarray(want, np.float32))
+    assert err < 1e-2 * np.linalg.norm(np.asarray(want, np.float32))
 
 
 # Powers of two in hidden size and head_dim: the shapes `pallas_kernels.norm_rope` takes.
