@@ -1,5 +1,6 @@
 #!/bin/bash
-# Prepared in session 40; PART=a and d ran in session 41, b, c and e wait. One GPU call each, ~3-7 min.
+# Prepared in session 40; PART=a and d ran in session 41, e in session 42 (MOSAIC_MIN_PAGES 1024 kept:
+# results/e2e_mosaic_threshold_s42.json), b and c wait. One GPU call each, ~3-7 min.
 # Before them, here: bash benchmarks/prepare_patched_tree.sh NAME (fused_qkv_probe for b, mosaic_min_pages_4096
 # for e), then run with carry [".gpu_run"].
 # Done in session 41 (benchmarks/NOTES.md): PART=a, results/decode_after_operand.patch (the Mosaic launch waits
