@@ -252,22 +252,25 @@ def _mosaic_low_bit(q, cache: HybridKVCache, scale: float, splits: int, stages: 
     return out if packed else decode_mgpu.natural_splits(*out)
 
 
+def _scaled_queries(q, lay: DecodeLayout, scale):
+    """q [B, Hq, D] -> q * scale, float32 [B, H, group, D]."""
+    b, hq, d = q.shape
+    return (q.astype(jnp.float32) * scale).reshape(b, lay.kv_heads, lay.group, d)
+
+
 def _kernel_queries(q, lay: DecodeLayout, scale):
     """q [B, Hq, D] -> scaled bf16 queries [B, H, rows, D] (GQA rows padded with zeros), as the Triton kernel
     takes them."""
-    b, hq, d = q.shape
-    qg = (q.astype(jnp.float32) * scale).reshape(b, lay.kv_heads, lay.group, d)
+    qg = _scaled_queries(q, lay, scale)
     return jnp.pad(qg, ((0, 0), (0, 0), (0, lay.rows - lay.group), (0, 0))).astype(jnp.bfloat16)
 
 
 def token_logits(q, k, active, lay: DecodeLayout, scale):
     """Scaled logits of a key that is not in the cache: q [B, Hq, D], k [B, H, D], active bool [B] ->
     float32 [B, H, rows] (the kernel's bf16 queries, float32 sums; -inf where not active)."""
-    b, hq, d = q.shape
-    qg = (q.astype(jnp.float32) * scale).reshape(b, lay.kv_heads, lay.group, d)
     # bf16 rounding as an explicit op: XLA drops a float32 -> bf16 -> float32 convert pair inside a fusion
     # (excess precision), which left these logits ~1e-3 off the kernel's on the H200 (session 42)
-    qg = jax.lax.reduce_precision(qg, exponent_bits=8, mantissa_bits=7)
+    qg = jax.lax.reduce_precision(_scaled_queries(q, lay, scale), exponent_bits=8, mantissa_bits=7)
     kb = jax.lax.reduce_precision(k.astype(jnp.float32), exponent_bits=8, mantissa_bits=7)
     logits = jnp.sum(qg * kb[:, :, None, :], axis=-1)  # a float32 sum, not a dot (which XLA may run in TF32)
     logits = jnp.pad(logits, ((0, 0), (0, 0), (0, lay.rows - lay.group)))

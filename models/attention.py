@@ -166,8 +166,9 @@ def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     p = p / safe
     pv = jnp.float32 if f32_probs else v.dtype
     out = jnp.einsum("bhgts,bhsd->bhgtd", p.astype(pv), v.astype(pv), preferred_element_type=jnp.float32)
-    if token is not None:
-        out = out + (t_p / safe).astype(pv).astype(jnp.float32) * t_v.astype(pv).astype(jnp.float32)[:, :, None, None]
+    if token is not None:  # its probability and value rounded to the PV dtype, as the cached keys' are
+        t_pv = (t_p / safe).astype(pv).astype(jnp.float32) * t_v.astype(pv).astype(jnp.float32)[:, :, None, None]
+        out = out + t_pv
     return out.reshape(b, hq, t, d).astype(q.dtype)
 
 
