@@ -188,8 +188,9 @@ def main():
         d = _load(args.results, name)
         if d:
             print(f"{name}:\n\n{prefill_table(d)}\n")
-    for name in ("e2e_after_operand_s41.json", "e2e_after_operand_reversed_s41.json",
-                 "e2e_merge_packed_s40.json"):  # gpu_e2e_variants.sh: one b1 table per source tree
+    for name in ("e2e_token_split_s42.json", "e2e_s42_b1.json", "e2e_bf16_attend_first_s42.json",
+                 "e2e_mosaic_threshold_s42.json", "e2e_after_operand_s41.json",
+                 "e2e_after_operand_reversed_s41.json", "e2e_merge_packed_s40.json"):  # gpu_e2e_variants.sh: one b1 table per source tree
         d = _load(args.results, name)
         for v in (d or {}).get("variants", []):
             if v.get("b1"):
