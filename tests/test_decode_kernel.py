@@ -250,8 +250,7 @@ def _check_new_token(qd, cache, config, interpret, active, tuning=DecodeTuning()
     assert np.linalg.norm(out - want_out) < 4e-3 * np.linalg.norm(want_out)
     np.testing.assert_allclose(np.asarray(lse), np.asarray(want_lse), rtol=1e-6, atol=1e-5)
     # the other slots as the kernel computed them; the token's slot as the float64 q . k of the bf16 operands
-    # (the kernel's own logit there is within its rounding, `_check_ring_logits`: on the H200 ~1e-3 off with
-    # the Mosaic launch, session 42)
+    # (session 42: on the H200, with the Mosaic launch, XLA had dropped the bf16 rounding of q there, ~1e-3 off)
     b, q_heads, d = qd.shape
     h, r = cache.num_kv_heads, cache.ring_k.shape[2]
     slot = np.asarray((cache.ring_start + cache.ring_len) % r)
