@@ -80,7 +80,8 @@ def decode_step(q, k, v, cache: HybridKVCache, config: HyQuantConfig, backend: s
     both attention launches waited for it.
     """
     ring_logits = config.flush_vl_count > 0  # ring scores are kept only when flushed tokens can be promoted
-    if resolve_backend(backend) == "reference":
+    resolved = resolve_backend(backend)
+    if resolved == "reference":
         cache = append(cache, k, v, config, active=active, flush=flush, backend=backend)
         out, lse, *logits = decode_attention(q, cache, config, backend=backend, scale=scale, ring_logits=ring_logits)
     else:
@@ -97,7 +98,7 @@ def decode_step(q, k, v, cache: HybridKVCache, config: HyQuantConfig, backend: s
             (cache,) = flush_full_rings((cache,), config, active)
         # the kernels hand over their ring logits, so XLA makes no second pass over the ring
         out, lse, *logits = decode_kernel.decode_attention(
-            q, cache, config, interpret=resolve_backend(backend) == "interpret", scale=scale,
+            q, cache, config, interpret=resolved == "interpret", scale=scale,
             ring_logits=ring_logits, new_token=(k, v, active))
         cache = append(cache, k, v, config, active=active, flush=False, backend=backend)
     ring_logits = logits[0] if logits else None
