@@ -7,11 +7,10 @@ devices of several hosts).
 
 Weights (`param_specs`), replicated over "data":
 
-  q/k/v projections wq [E, Hq, D], wk/wv [E, Hkv, D] (biases [H, D]): split
-    by heads over "model" (column-parallel). Splitting Hkv into m contiguous
-    chunks and Hq into m contiguous chunks keeps each KV head and its query
-    group (heads h*G .. h*G+G-1) on the same shard, so attention needs no
-    communication.
+  q/k/v projections wqkv [E, Hkv, G+2, D] (bias [Hkv, G+2, D]): split over
+    the KV heads on "model" (column-parallel). The fused weight holds each KV
+    head's query group (heads h*G .. h*G+G-1), k and v together, so each
+    shard gets whole GQA groups and attention needs no communication.
   wo [Hq, D, E]: split by heads (row-parallel; XLA adds one all-reduce).
   MLP w_gate/w_up [E, F]: split over F (column-parallel); w_down [F, E]: over
     F (row-parallel; one all-reduce).
@@ -178,12 +177,11 @@ def param_specs(config: ModelConfig, model_size: int | None = None) -> Params:
     """
     col = P(None, MODEL)
     row = P(MODEL, None)
-    heads_in = P(None, MODEL, None)
-    bias = row if config.qkv_bias else None
+    bias = P(MODEL, None, None) if config.qkv_bias else None
     norm = P() if config.qk_norm else None
     layer = LayerParams(
-        attn_norm=P(), wq=heads_in, wk=heads_in, wv=heads_in, wo=P(MODEL, None, None),
-        bq=bias, bk=bias, bv=bias, q_norm=norm, k_norm=norm,
+        attn_norm=P(), wqkv=P(None, MODEL, None, None), wo=P(MODEL, None, None), bqkv=bias,
+        q_norm=norm, k_norm=norm,
         mlp_norm=P(), w_gate=col, w_up=col, w_down=row,
     )
     split_vocab = model_size is None or config.vocab_size % model_size == 0

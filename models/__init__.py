@@ -14,7 +14,17 @@ from models.attention import (
 )
 from models.checkpoint import default_model_path, load_model
 from models.config import ModelConfig, from_hf_config
-from models.transformer import LayerParams, Params, cast_params, check_params, forward, init_params, logits
+from models.transformer import (
+    LayerParams,
+    Params,
+    cast_params,
+    check_params,
+    forward,
+    fuse_qkv,
+    init_params,
+    logits,
+    split_qkv,
+)
 
 __all__ = [
     "Attention",
@@ -31,8 +41,10 @@ __all__ = [
     "default_model_path",
     "forward",
     "from_hf_config",
+    "fuse_qkv",
     "grouped_attention",
     "init_params",
     "load_model",
     "logits",
+    "split_qkv",
 ]

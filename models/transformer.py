@@ -23,8 +23,7 @@ from models.layers import apply_rope, rms_norm, rope_cos_sin, swiglu
 from pallas_kernels.norm_rope import add_rms_norm, fits, qk_norm_rope
 
 LAYER_KERNELS = ("auto", "xla", "pallas", "interpret")
-_LAYER_FIELDS = ["attn_norm", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "q_norm", "k_norm",
-                 "mlp_norm", "w_gate", "w_up", "w_down"]
+_LAYER_FIELDS = ["attn_norm", "wqkv", "wo", "bqkv", "q_norm", "k_norm", "mlp_norm", "w_gate", "w_up", "w_down"]
 
 
 @partial(jax.tree_util.register_dataclass, data_fields=_LAYER_FIELDS, meta_fields=[])
@@ -32,19 +31,22 @@ _LAYER_FIELDS = ["attn_norm", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "q_norm"
 class LayerParams:
     """One decoder layer. E hidden, F FFN width, Hq/Hkv heads, D head_dim.
 
-    attn_norm, mlp_norm: [E]. wq [E, Hq, D], wk, wv [E, Hkv, D], wo [Hq, D, E].
-    bq [Hq, D], bk, bv [Hkv, D]: q/k/v biases or None. q_norm, k_norm: [D] or
-    None. w_gate, w_up [E, F], w_down [F, E].
+    attn_norm, mlp_norm: [E]. wqkv [E, Hkv, G + 2, D]: the q, k and v projections in one weight
+    (`fuse_qkv`), grouped by KV head: for KV head j, its G = Hq / Hkv query heads jG .. jG + G - 1, then its
+    k head, then its v head. bqkv [Hkv, G + 2, D]: the q/k/v biases in the same layout, or None.
+    wo [Hq, D, E]. q_norm, k_norm: [D] or None. w_gate, w_up [E, F], w_down [F, E].
+
+    Why fused: a decode step then runs one GEMM for q, k and v. Separately, XLA lowers the small k/v
+    products to a reduction fusion that delays the q GEMM behind it; on the H200 the fused weight made the
+    hybrid B=1 32K step 0.1-0.2 ms faster and bf16's no slower (benchmarks/NOTES.md, session 43). Grouping
+    by KV head keeps each KV head and its query group together, so a split over the Hkv axis is a
+    tensor-parallel split of whole GQA groups (`hyquant_jax.sharding`).
     """
 
     attn_norm: jax.Array
-    wq: jax.Array
-    wk: jax.Array
-    wv: jax.Array
+    wqkv: jax.Array
     wo: jax.Array
-    bq: jax.Array | None
-    bk: jax.Array | None
-    bv: jax.Array | None
+    bqkv: jax.Array | None
     q_norm: jax.Array | None
     k_norm: jax.Array | None
     mlp_norm: jax.Array
@@ -76,9 +78,9 @@ def check_params(params: Params, config: ModelConfig) -> None:
     """Raise ValueError if any weight's shape does not match the config."""
     e, f, d = config.hidden_size, config.intermediate_size, config.head_dim
     hq, hkv, v = config.num_heads, config.num_kv_heads, config.vocab_size
-    want = {"attn_norm": (e,), "wq": (e, hq, d), "wk": (e, hkv, d), "wv": (e, hkv, d), "wo": (hq, d, e),
-            "bq": (hq, d) if config.qkv_bias else None, "bk": (hkv, d) if config.qkv_bias else None,
-            "bv": (hkv, d) if config.qkv_bias else None,
+    g = hq // hkv
+    want = {"attn_norm": (e,), "wqkv": (e, hkv, g + 2, d), "wo": (hq, d, e),
+            "bqkv": (hkv, g + 2, d) if config.qkv_bias else None,
             "q_norm": (d,) if config.qk_norm else None, "k_norm": (d,) if config.qk_norm else None,
             "mlp_norm": (e,), "w_gate": (e, f), "w_up": (e, f), "w_down": (f, e)}
     if params.embed.shape != (v, e):
@@ -130,13 +132,12 @@ def init_layer_params(key: jax.Array, config: ModelConfig, dtype=jnp.bfloat16) -
     ks = jax.random.split(key, 14)
     return LayerParams(
         attn_norm=_norm_weight(ks[0], e, dtype),
-        wq=_normal(ks[1], (e, hq, d), 1 / math.sqrt(e), dtype),
-        wk=_normal(ks[2], (e, hkv, d), 1 / math.sqrt(e), dtype),
-        wv=_normal(ks[3], (e, hkv, d), 1 / math.sqrt(e), dtype),
+        wqkv=fuse_qkv(_normal(ks[1], (e, hq, d), 1 / math.sqrt(e), dtype),
+                      _normal(ks[2], (e, hkv, d), 1 / math.sqrt(e), dtype),
+                      _normal(ks[3], (e, hkv, d), 1 / math.sqrt(e), dtype)),
         wo=_normal(ks[4], (hq, d, e), depth / math.sqrt(hq * d), dtype),
-        bq=_normal(ks[5], (hq, d), 0.1, dtype) if config.qkv_bias else None,
-        bk=_normal(ks[6], (hkv, d), 0.1, dtype) if config.qkv_bias else None,
-        bv=_normal(ks[7], (hkv, d), 0.1, dtype) if config.qkv_bias else None,
+        bqkv=fuse_qkv(_normal(ks[5], (hq, d), 0.1, dtype), _normal(ks[6], (hkv, d), 0.1, dtype),
+                      _normal(ks[7], (hkv, d), 0.1, dtype)) if config.qkv_bias else None,
         q_norm=_norm_weight(ks[8], d, dtype) if config.qk_norm else None,
         k_norm=_norm_weight(ks[9], d, dtype) if config.qk_norm else None,
         mlp_norm=_norm_weight(ks[10], e, dtype),
@@ -160,21 +161,39 @@ def cast_params(params: Params, dtype) -> Params:
     return jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
 
 
-def _project(x, w, b):
-    """x [B, T, E] @ w [E, H, D] (+ b [H, D]) -> [B, H, T, D] (a 2-D matmul: fast on every backend)."""
-    e, h, d = w.shape
-    y = (x @ w.reshape(e, h * d)).reshape(x.shape[0], x.shape[1], h, d)
+def fuse_qkv(wq, wk, wv):
+    """wq [..., Hq, D], wk, wv [..., Hkv, D] -> [..., Hkv, Hq / Hkv + 2, D] (`LayerParams.wqkv` / `bqkv`
+    from separate q/k/v weights [E, H, D] or biases [H, D])."""
+    *lead, hq, d = wq.shape
+    hkv = wk.shape[-2]
+    if wk.shape != wv.shape or wk.shape[:-2] != tuple(lead) or wk.shape[-1] != d or hq % hkv:
+        raise ValueError(f"fuse_qkv: need wq [..., Hq, D] and wk, wv [..., Hkv, D] with Hkv dividing Hq, got "
+                         f"{wq.shape}, {wk.shape}, {wv.shape}")
+    xp = np if all(isinstance(w, np.ndarray) for w in (wq, wk, wv)) else jnp  # loaders fuse on the host
+    q = wq.reshape(*lead, hkv, hq // hkv, d)
+    return xp.concatenate([q, wk[..., None, :], wv[..., None, :]], axis=-2)
+
+
+def split_qkv(wqkv):
+    """Inverse of `fuse_qkv`: [..., Hkv, G + 2, D] -> (wq [..., Hkv * G, D], wk, wv [..., Hkv, D])."""
+    *lead, hkv, g2, d = wqkv.shape
+    return wqkv[..., :g2 - 2, :].reshape(*lead, hkv * (g2 - 2), d), wqkv[..., g2 - 2, :], wqkv[..., g2 - 1, :]
+
+
+def _project_qkv(x, w, b):
+    """x [B, T, E] @ w [E, Hkv, G + 2, D] (+ b [Hkv, G + 2, D]) as one 2-D matmul -> q [B, Hkv * G, T, D],
+    k, v [B, Hkv, T, D]."""
+    e, hkv, g2, d = w.shape
+    y = (x @ w.reshape(e, hkv * g2 * d)).reshape(x.shape[0], x.shape[1], hkv, g2, d)
     if b is not None:
         y = y + b.astype(y.dtype)
-    return y.transpose(0, 2, 1, 3)
+    return tuple(z.transpose(0, 2, 1, 3) for z in split_qkv(y))
 
 
 def _attention_block(layer: LayerParams, i: int, h, cos, sin, state, ctx, config: ModelConfig,
                      attention: Attention, kernels: str):
     """Attention of the normalised hidden state h [B, T, E] -> (output [B, T, E], new state)."""
-    q = _project(h, layer.wq, layer.bq)  # [B, Hq, T, D]
-    k = _project(h, layer.wk, layer.bk)
-    v = _project(h, layer.wv, layer.bv)
+    q, k, v = _project_qkv(h, layer.wqkv, layer.bqkv)  # [B, Hq, T, D], [B, Hkv, T, D] x 2
     if kernels != "xla":  # one decode token: q/k norms and RoPE in one launch
         q, k = qk_norm_rope(q[:, :, 0], k[:, :, 0], cos[:, 0, 0], sin[:, 0, 0], layer.q_norm, layer.k_norm,
                             config.rms_norm_eps, interpret=kernels == "interpret")
@@ -304,20 +323,19 @@ def params_from_numpy(arrays: dict, config: ModelConfig, dtype) -> Params:
         return jnp.asarray(x, dtype)
 
     def bias(name, heads):
-        return put(get(name, (heads * d,)).reshape(heads, d))
+        return get(name, (heads * d,)).reshape(heads, d)
 
     layers = []
     for i in range(config.num_layers):
         p = f"{i}."
         layers.append(LayerParams(
             attn_norm=put(get(p + "attn_norm", (e,))),
-            wq=put(get(p + "q", (hq * d, e)).T.reshape(e, hq, d)),
-            wk=put(get(p + "k", (hkv * d, e)).T.reshape(e, hkv, d)),
-            wv=put(get(p + "v", (hkv * d, e)).T.reshape(e, hkv, d)),
+            wqkv=put(fuse_qkv(get(p + "q", (hq * d, e)).T.reshape(e, hq, d),
+                              get(p + "k", (hkv * d, e)).T.reshape(e, hkv, d),
+                              get(p + "v", (hkv * d, e)).T.reshape(e, hkv, d))),
             wo=put(get(p + "o", (e, hq * d)).T.reshape(hq, d, e)),
-            bq=bias(p + "q_bias", hq) if config.qkv_bias else None,
-            bk=bias(p + "k_bias", hkv) if config.qkv_bias else None,
-            bv=bias(p + "v_bias", hkv) if config.qkv_bias else None,
+            bqkv=put(fuse_qkv(bias(p + "q_bias", hq), bias(p + "k_bias", hkv), bias(p + "v_bias", hkv)))
+            if config.qkv_bias else None,
             q_norm=put(get(p + "q_norm", (d,))) if config.qk_norm else None,
             k_norm=put(get(p + "k_norm", (d,))) if config.qk_norm else None,
             mlp_norm=put(get(p + "mlp_norm", (e,))),

@@ -10,7 +10,7 @@ import numpy as np
 from models.config import ModelConfig
 from models.gguf_loader import gguf_name, llama_cpp_permute
 from models.hf_loader import hf_name
-from models.transformer import Params
+from models.transformer import Params, split_qkv
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
@@ -27,6 +27,8 @@ def numpy_weights(params: Params, config: ModelConfig) -> dict[str, np.ndarray]:
         out["lm_head"] = np.asarray(params.lm_head, np.float32).T
     for i, layer in enumerate(params.layers):
         a = {k: None if v is None else np.asarray(v, np.float32) for k, v in vars(layer).items()}
+        a["wq"], a["wk"], a["wv"] = split_qkv(a.pop("wqkv"))
+        a["bq"], a["bk"], a["bv"] = (None,) * 3 if a["bqkv"] is None else split_qkv(a["bqkv"])
         out.update({f"{i}.q": a["wq"].reshape(e, -1).T, f"{i}.k": a["wk"].reshape(e, -1).T,
                     f"{i}.v": a["wv"].reshape(e, -1).T, f"{i}.o": a["wo"].reshape(-1, e).T,
                     f"{i}.attn_norm": a["attn_norm"], f"{i}.mlp_norm": a["mlp_norm"],

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from models import BF16Attention, DecodeContext, ModelConfig, PrefillContext, forward, from_hf_config, init_params
 from models.config import rope_inv_freq
 from models.layers import apply_rope, rope_cos_sin
-from models.transformer import check_params, layer_kernels
+from models.transformer import _project_qkv, check_params, fuse_qkv, layer_kernels, split_qkv
 
 TINY = ModelConfig("llama", vocab_size=97, hidden_size=48, intermediate_size=96, num_layers=2, num_heads=4,
                    num_kv_heads=2, head_dim=16, rope_theta=10000.0, max_position=512)
@@ -255,10 +255,51 @@ def test_output_index_selects_rows():
 
 def test_check_params_names_the_weight():
     params = init_params(jax.random.PRNGKey(0), TINY, jnp.float32)
-    with pytest.raises(ValueError, match=r"layers\[0\].bq"):
+    with pytest.raises(ValueError, match=r"layers\[0\].bqkv"):
         check_params(params, VARIANTS["qwen2_bias"])
     with pytest.raises(ValueError, match="lm_head"):
         check_params(params, VARIANTS["llama_tied"])
+
+
+@pytest.mark.parametrize("xp", [np, jnp])
+@pytest.mark.parametrize("hq, hkv", [(4, 2), (6, 6), (8, 1)])
+def test_fuse_qkv_groups_each_kv_head_with_its_queries(xp, hq, hkv):
+    rng = np.random.default_rng(hq * 10 + hkv)
+    e, d, g = 5, 3, hq // hkv
+    wq, wk, wv = (xp.asarray(rng.standard_normal((e, h, d)), xp.float32) for h in (hq, hkv, hkv))
+    fused = fuse_qkv(wq, wk, wv)
+    assert fused.shape == (e, hkv, g + 2, d) and isinstance(fused, type(wq))
+    for j in range(hkv):
+        for i in range(g):  # query head j*G + i attends with KV head j (GQA)
+            np.testing.assert_array_equal(fused[:, j, i], wq[:, j * g + i])
+        np.testing.assert_array_equal(fused[:, j, g], wk[:, j])
+        np.testing.assert_array_equal(fused[:, j, g + 1], wv[:, j])
+    for a, b in zip(split_qkv(fused), (wq, wk, wv)):
+        np.testing.assert_array_equal(a, b)
+    biases = fuse_qkv(wq[0], wk[0], wv[0])  # [H, D] biases: the same layout without the E axis
+    np.testing.assert_array_equal(biases, fused[0])
+
+
+def test_fuse_qkv_rejects_mismatched_shapes():
+    w = np.zeros((4, 6, 8), np.float32)
+    with pytest.raises(ValueError, match="fuse_qkv"):
+        fuse_qkv(w, np.zeros((4, 4, 8)), np.zeros((4, 4, 8)))  # 4 KV heads do not divide 6 query heads
+    with pytest.raises(ValueError, match="fuse_qkv"):
+        fuse_qkv(w, np.zeros((4, 2, 8)), np.zeros((4, 3, 8)))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_qkv_projection_matches_float64_products(bias):
+    rng = np.random.default_rng(7)
+    b, t, e, hq, hkv, d = 2, 3, 16, 6, 2, 8
+    x = rng.standard_normal((b, t, e))
+    ws = [rng.standard_normal((e, h, d)) / 4 for h in (hq, hkv, hkv)]
+    bs = [rng.standard_normal((h, d)) for h in (hq, hkv, hkv)] if bias else None
+    got = _project_qkv(jnp.asarray(x, jnp.float32), jnp.asarray(fuse_qkv(*ws), jnp.float32),
+                       None if bs is None else jnp.asarray(fuse_qkv(*bs), jnp.float32))
+    for i, (out, w) in enumerate(zip(got, ws)):
+        want = np.einsum("bte,ehd->bhtd", x, w) + (0 if bs is None else bs[i][None, :, None, :])
+        np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=1e-5, atol=1e-5)
 
 
 def test_cudnn_applies_only_to_gpu_half_precision_head_dims_up_to_128(monkeypatch):

@@ -121,7 +121,7 @@ def test_param_specs_match_the_params_pytree(flags):
     for spec, x in zip(jax.tree_util.tree_leaves(specs, is_leaf=is_spec), jax.tree_util.tree_leaves(params)):
         assert len(spec) <= x.ndim
     layer = specs.layers[0]
-    assert layer.wq == layer.wk == P(None, "model", None) and layer.wo == P("model", None, None)
+    assert layer.wqkv == P(None, "model", None, None) and layer.wo == P("model", None, None)
     assert layer.w_gate == P(None, "model") and layer.w_down == P("model", None) and specs.embed == P()
     if not config.tie_embeddings:
         assert specs.lm_head == P(None, "model")
