@@ -30,3 +30,14 @@ if [ "${PART:-1}" = 3 ]; then
   VARIANTS=$'.gpu_run/before_fused_qkv|bf16,hyquant|\n.|bf16,hyquant|\n.gpu_run/before_fused_qkv|hyquant|\n.|hyquant|' \
     PREFIXES=32768,131072 STEPS=64 REPS=3 RUN_LIMIT=170 NAME=e2e_fused_qkv_s43 bash benchmarks/gpu_e2e_variants.sh
 fi
+# PART=4 (~7 min): the Mosaic kernel prepares the step's bf16 q itself (`low_bit_splits(..., query_scale=...)`,
+#   this session) instead of an XLA conversion launch before it: its GPU tests, then B=1 32K against the tree
+#   before it (.gpu_run/before_query_prep, `git archive` of 647bfa0), order before, new, before, new.
+if [ "${PART:-1}" = 4 ]; then
+  PYTHONPATH=. timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider -rA tests/test_decode_mgpu.py \
+    tests/test_decode_kernel.py -k "mgpu or prepared or oracle or new_token or ring_logits or gpu_tunings" \
+    > "$OUT/query_prep_gpu_tests_s43.log" 2>&1
+  echo "tests rc=$?"; tail -3 "$OUT/query_prep_gpu_tests_s43.log"
+  VARIANTS=$'.gpu_run/before_query_prep|bf16,hyquant|\n.|bf16,hyquant|\n.gpu_run/before_query_prep|hyquant|\n.|hyquant|' \
+    PREFIXES=32768 STEPS=64 REPS=3 RUN_LIMIT=150 NAME=e2e_query_prep_s43 bash benchmarks/gpu_e2e_variants.sh
+fi

@@ -245,10 +245,13 @@ def _mosaic_low_bit(q, cache: HybridKVCache, scale: float, splits: int, stages: 
     kernel writes them, `low_bit_splits(..., packed=True)`, for `decode_merge`). q: [B, Hq, D]."""
     from pallas_kernels import decode_mgpu
 
+    # A bf16 q goes in as it is and each block prepares its rows (no XLA conversion launch between the q/k
+    # norm + RoPE kernel and this one, which is on every layer's critical path at B=1).
+    bf16 = q.dtype == jnp.bfloat16
     out = decode_mgpu.low_bit_splits(
-        decode_mgpu.kernel_query(q, cache.num_kv_heads, scale), cache.k_codes, cache.k_scale, cache.k_zero,
-        cache.v_codes, cache.v_scale[..., 0], cache.v_zero[..., 0], cache.page_count, cache.num_pages,
-        num_splits=splits, stages=stages, packed=packed)
+        q if bf16 else decode_mgpu.kernel_query(q, cache.num_kv_heads, scale), cache.k_codes, cache.k_scale,
+        cache.k_zero, cache.v_codes, cache.v_scale[..., 0], cache.v_zero[..., 0], cache.page_count, cache.num_pages,
+        num_splits=splits, stages=stages, packed=packed, query_scale=float(scale) if bf16 else None)
     return out if packed else decode_mgpu.natural_splits(*out)
 
 

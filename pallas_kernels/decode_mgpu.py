@@ -236,6 +236,56 @@ def _mark_page(ctx, above, mark, flags):
         arith.extui(i32, over), value, base, has_side_effects=True)
 
 
+def _f32_hex(x: float) -> str:
+    """A float32 constant as a PTX immediate (0f + its IEEE bits)."""
+    return "0f%08X" % int(np.float32(x).view(np.uint32))
+
+
+def _prepare_query(ctx, natural, out, *, group: int, scale: float):
+    """The kernel's q from the step's natural one, in shared memory: out[r, v] = f16(q[r, KEY_CHANNELS[v]] *
+    scale * (1 / ln 2)) for the group's rows r < group, 0 for r >= group (what `kernel_query` computes in XLA,
+    with the same two float32 roundings before the f16 one).
+
+    natural: bf16 [group, 128]; out: f16 [16, 128] with the tiling (8, 64) and 128-byte swizzle of q_s (tile
+    (r // 8, v // 64) at (2 (r // 8) + v // 64) x 1024 bytes; in it, the 16-byte chunk k of row r sits at chunk
+    k ^ (r % 8)). Thread t writes row t // 8, virtual channels 16c .. 16c + 15 (c = t % 8): by KEY_CHANNELS they
+    are the natural dims 16j + 4(c // 2) + 64(c % 2) + (0 .. 3) for j = 0 .. 3, one 8-byte load each; the
+    load's first bf16 pair gives the output pair 2j of the row's first chunk, its second the pair 2j of the
+    second chunk.
+    """
+    del ctx
+    i32, i64 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(64)
+    tid, _, _, _, c = _thread_coords()
+    row, blk = arith.divui(tid, c(8)), arith.remui(tid, c(8))
+    src = mgpu_utils.memref_ptr(natural)
+    base = arith.addi(arith.muli(arith.divui(blk, c(2)), c(4)), arith.muli(arith.remui(blk, c(2)), c(64)))
+    have = arith.cmpi(arith.CmpIPredicate.ult, row, c(group))
+    safe_row = llvm.select(have, row, c(0))  # rows past the group read row 0 and store zeros
+    convert = ("{ .reg .b32 lo, hi; .reg .f32 a, b; shl.b32 lo, $1, 16; and.b32 hi, $1, 0xFFFF0000; "
+               f"mul.rn.f32 a, lo, {_f32_hex(scale)}; mul.rn.f32 b, hi, {_f32_hex(scale)}; "
+               f"mul.rn.f32 a, a, {_f32_hex(1.0 / LN2)}; mul.rn.f32 b, b, {_f32_hex(1.0 / LN2)}; "
+               "cvt.rn.f16x2.f32 $0, b, a; }")
+    zero = arith.constant(i32, 0)
+    chunks = [[], []]
+    v2 = ir.VectorType.get((2,), i32)
+    for j in range(4):
+        dim = arith.addi(base, c(16 * j))
+        index = arith.extui(i64, arith.addi(arith.muli(safe_row, c(HEAD_DIM // 2)), arith.divui(dim, c(2))))
+        words = llvm.load(v2, mgpu_utils.getelementptr(src, [index], i32))  # dims dim .. dim + 3 as 2 bf16 pairs
+        for k in range(2):
+            pair = vector.extract(words, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([k]))
+            chunks[k].append(llvm.select(have, mgpu_utils.inline_ptx(convert, pair, result_types=i32), zero))
+    dst = mgpu_utils.memref_ptr(out)
+    tile = arith.addi(arith.muli(arith.divui(row, c(8)), c(2)), arith.divui(blk, c(4)))
+    r8 = arith.remui(row, c(8))
+    v4 = ir.VectorType.get((4,), i32)
+    for k in range(2):
+        chunk = arith.xori(arith.addi(arith.muli(arith.remui(blk, c(4)), c(2)), c(k)), r8)
+        offset = arith.addi(arith.addi(arith.muli(tile, c(1024)), arith.muli(r8, c(128))), arith.muli(chunk, c(16)))
+        vec = vector.from_elements(v4, chunks[k])
+        llvm.store(vec, mgpu_utils.getelementptr(dst, [arith.extui(i64, arith.divui(offset, c(16)))], v4))
+
+
 def _clear_flags(ctx, flags):
     """flags[0] = flags[1] = 0 (every thread stores a zero into word tid % 2)."""
     del ctx
@@ -259,9 +309,12 @@ NATURAL_FROM_VALUE_ROWS = np.argsort(VALUE_CHANNELS)
 
 def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_ref, o_ref, ml_ref,
             q_s, kc_s, ks_s, kz_s, vc_s, vs_s, vz_s, staging_s, p_s, o_s, ml_s, flag_s, setup_bar, full,
-            *, stages: int, num_splits: int):
+            *query_staging, stages: int, num_splits: int, group: int, query_scale: float | None):
     b, h, split = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("splits")
-    plgpu.copy_gmem_to_smem(q_ref.at[b, h], q_s, setup_bar)
+    if query_scale is None:
+        plgpu.copy_gmem_to_smem(q_ref.at[b, h], q_s, setup_bar)
+    else:  # the step's q as the model computed it: this KV head's group of rows, prepared after the copy
+        plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(h * group, group)], query_staging[0], setup_bar)
     num_pages = plgpu.load(np_ref.at[b])
     per_split = (num_pages + num_splits - 1) // num_splits
     first = jnp.minimum(split * per_split, num_pages)
@@ -282,6 +335,10 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
             issue(first + k, k)
 
     plgpu.barrier_wait(setup_bar)
+    if query_scale is not None:
+        plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType(transforms=_swizzled(jnp.float16, HEAD_DIM))))(
+            functools.partial(_prepare_query, group=group, scale=query_scale))(query_staging[0], q_s)
+        plgpu.commit_smem()  # q visible to the tensor cores
     wg = plgpu.Layout.WGMMA
     key_tile = plgpu.inline_mgpu(
         arg_types=(plgpu.RefType(),) * 4,
@@ -381,13 +438,17 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
     plgpu.wait_smem_to_gmem(0)
 
 
-@functools.partial(jax.jit, static_argnames=("num_splits", "stages", "profile_dir", "packed"))
+@functools.partial(jax.jit, static_argnames=("num_splits", "stages", "profile_dir", "packed", "query_scale"))
 def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_count, num_pages, *,
-                   num_splits: int, stages: int = 2, profile_dir: str | None = None, packed: bool = False):
+                   num_splits: int, stages: int = 2, profile_dir: str | None = None, packed: bool = False,
+                   query_scale: float | None = None):
     """Split-K decode attention over the low-bit pages of each (sequence, KV head), on the cache's own arrays.
 
     q: f16 [B, H, 16, 128], query rows of each KV head's GQA group (zero rows past the group), channels in
-      KEY_CHANNELS order, times softmax_scale * log2(e) (base-2 logits);
+      KEY_CHANNELS order, times softmax_scale * log2(e) (base-2 logits): `kernel_query`'s output. With
+      query_scale (softmax_scale, a Python float), q is instead the step's query as the model computed it,
+      bf16 [B, H * G, 128] (G <= 16 query heads per KV head), and each block prepares its rows in shared
+      memory as `kernel_query(q, H, query_scale)` would: no separate launch converts q before the kernel;
     k_codes, v_codes: uint8 [B, H, S, 64] (the cache's packing); k_scale, k_zero: bf16 [B, H, S // 64, 128]
       per page and channel; v_scale, v_zero: bf16 [B, H, S] per token; page_count: int32 [B, S // 64] tokens
       at the front of each page; num_pages: int32 [B] pages in use.
@@ -403,8 +464,13 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
     """
     bsz, heads, slots, _ = k_codes.shape
     pages = slots // PAGE
+    group = q.shape[1] // heads if query_scale is not None and q.ndim == 3 else ROWS
+    if query_scale is not None and (q.ndim != 3 or q.shape[1] % heads or not 1 <= group <= ROWS):
+        raise ValueError(f"with query_scale, q must be bf16 [B={bsz}, H * G, {HEAD_DIM}] for H={heads} KV heads and "
+                         f"1 <= G <= {ROWS}, got {q.dtype} {q.shape}")
+    q_shape = (bsz, heads * group, HEAD_DIM) if query_scale is not None else (bsz, heads, ROWS, HEAD_DIM)
     expected = {
-        "q": (q, (bsz, heads, ROWS, HEAD_DIM), jnp.float16),
+        "q": (q, q_shape, jnp.bfloat16 if query_scale is not None else jnp.float16),
         "k_codes": (k_codes, (bsz, heads, pages * PAGE, BYTES), jnp.uint8),
         "k_scale": (k_scale, (bsz, heads, pages, HEAD_DIM), jnp.bfloat16),
         "k_zero": (k_zero, (bsz, heads, pages, HEAD_DIM), jnp.bfloat16),
@@ -421,7 +487,8 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
         raise ValueError(f"num_splits and stages must be >= 1, got {num_splits}, {stages}")
     f32, u8, bf16 = jnp.float32, jnp.uint8, jnp.bfloat16
     kernel = plgpu.kernel(
-        functools.partial(_kernel, stages=stages, num_splits=num_splits),
+        functools.partial(_kernel, stages=stages, num_splits=num_splits, group=group,
+                          query_scale=None if query_scale is None else float(query_scale)),
         out_type=(jax.ShapeDtypeStruct((bsz, heads, num_splits, HEAD_DIM, ROWS), f32),
                   jax.ShapeDtypeStruct((bsz, heads, num_splits, 2, ROWS), f32)),
         grid=(bsz, heads, num_splits),
@@ -441,6 +508,8 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
             plgpu.SMEM((2,), jnp.int32),  # lazy max: pages marked for an exact redo
             plgpu.Barrier(num_arrivals=1),
             plgpu.Barrier(num_arrivals=COPIES_PER_PAGE, num_barriers=stages),
+            # the step's q rows as copied, before `_prepare_query` (only with query_scale)
+            *([plgpu.SMEM((group, HEAD_DIM), jnp.bfloat16)] if query_scale is not None else []),
         ],
         # Every shared buffer is either written by threads and read by the tensor cores or bulk copies after
         # an explicit commit (P, the output), or filled by bulk copies and read by threads before the commit

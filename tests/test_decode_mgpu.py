@@ -68,6 +68,57 @@ def test_kernel_lowers_for_cuda(splits, stages):
     assert "mosaic_gpu" in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
+@pytest.mark.parametrize("group", [1, 4, 5, 16])
+def test_kernel_lowers_for_cuda_with_the_query_prepared_inside(group):
+    case = random_case(2, 2, 6, [5, 0], seed=0)
+    args = kernel_args(case)
+    q = jnp.zeros((2, 2 * group, dm.HEAD_DIM), jnp.bfloat16)
+    fn = jax.jit(lambda *a: dm.low_bit_splits(*a, num_splits=3, stages=2, query_scale=0.125))
+    text = fn.trace(q, *args[1:]).lower(lowering_platforms=("cuda",)).as_text()
+    assert "mosaic_gpu" in text
+
+
+def test_prepared_query_arguments():
+    args = list(kernel_args(random_case(1, 2, 2, [2], seed=1)))
+    with pytest.raises(ValueError, match=r"with query_scale, q must be bf16 \[B=1, H \* G, 128\]"):
+        dm.low_bit_splits(jnp.zeros((1, 3, 128), jnp.bfloat16), *args[1:], num_splits=1, query_scale=0.1)
+    with pytest.raises(ValueError, match=r"with query_scale, q must be bf16"):  # 17 rows per KV head
+        dm.low_bit_splits(jnp.zeros((1, 34, 128), jnp.bfloat16), *args[1:], num_splits=1, query_scale=0.1)
+    with pytest.raises(ValueError, match=r"q must be bfloat16 \(1, 8, 128\)"):
+        dm.low_bit_splits(jnp.zeros((1, 8, 128), jnp.float32), *args[1:], num_splits=1, query_scale=0.1)
+
+
+def test_prepared_query_layout_matches_kernel_query():
+    """The addresses `_prepare_query` writes, replayed in NumPy: thread t (row t // 8, virtual channels
+    16c .. 16c + 15 for c = t % 8) reads natural dims 16j + 4(c // 2) + 64(c % 2) + (0 .. 3) and stores its
+    two 16-byte chunks at the tiled, swizzled offsets; unswizzling the buffer gives kernel_query's q."""
+    rng = np.random.default_rng(3)
+    group, scale = 5, 0.0883883
+    q = np.asarray(jnp.asarray(rng.normal(size=(1, group, 128)), jnp.bfloat16).astype(jnp.float32))
+    want = np.asarray(dm.kernel_query(jnp.asarray(q), 1, scale), np.float32)[0, 0]
+    buf = np.zeros(16 * 128, np.float32)  # f16 elements of the [16, 128] tile buffer, in memory order
+    for t in range(128):
+        row, blk = t // 8, t % 8
+        base = 4 * (blk // 2) + 64 * (blk % 2)
+        vals = np.zeros((2, 8), np.float32)  # two chunks of 8 f16 values (4 pairs each)
+        for j in range(4):
+            d = base + 16 * j
+            x = q[0, row, d:d + 4] if row < group else np.zeros(4, np.float32)
+            conv = ((x * np.float32(scale)) * np.float32(1 / dm.LN2)).astype(np.float16).astype(np.float32)
+            vals[0, 2 * j:2 * j + 2], vals[1, 2 * j:2 * j + 2] = conv[:2], conv[2:]
+        tile, r8 = (row // 8) * 2 + blk // 4, row % 8
+        for k in range(2):
+            chunk = (2 * (blk % 4) + k) ^ r8
+            start = (tile * 1024 + r8 * 128 + chunk * 16) // 2
+            buf[start:start + 8] = vals[k]
+    tiles = buf.reshape(2, 2, 8, 8, 8)  # (row tile, column tile, row in tile, 16-byte chunk, 8 f16)
+    unswizzled = np.empty_like(tiles)
+    for r8 in range(8):
+        unswizzled[:, :, r8] = tiles[:, :, r8][:, :, [k ^ r8 for k in range(8)]]
+    got = unswizzled.reshape(2, 2, 8, 64).transpose(0, 2, 1, 3).reshape(16, 128)
+    np.testing.assert_array_equal(got, want)
+
+
 def test_argument_errors_name_the_argument():
     args = list(kernel_args(random_case(1, 1, 2, [2], seed=1)))
     bad = list(args)
@@ -98,9 +149,11 @@ def test_oracle_is_attention_over_the_valid_tokens():
     np.testing.assert_allclose(l[0, 0], p.sum(axis=1), rtol=1e-12)
 
 
-def _emulated_low_bit_splits(*args, num_splits, stages, packed=False):
+def _emulated_low_bit_splits(*args, num_splits, stages, packed=False, query_scale=None):
     """`low_bit_splits` as one split (the rest empty), from the float64 oracle: same inputs, same outputs."""
     del stages
+    if query_scale is not None:  # the step's bf16 q, prepared as the kernel does it
+        args = (dm.kernel_query(args[0], args[1].shape[1], query_scale), *args[1:])
 
     def host(q, *cache_arrays):
         qn = np.asarray(q, np.float64)[..., np.argsort(dm.KEY_CHANNELS)]
@@ -138,6 +191,15 @@ def test_glue_merges_mosaic_and_triton_splits(monkeypatch):
     out, lse = decode_kernel._run(qd, cache, lay, 1.0 / math.sqrt(128), 2, 2, True, (3, 2), (k, v, active))
     ref, ref_lse = hq.hybrid_decode_attention_reference(qd, hq.append(cache, k, v, config, active=active), config)
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), atol=2e-3)
+    # a bf16 q (the models' decode) reaches the kernel as it is, with the softmax scale to prepare it inside
+    seen = []
+    monkeypatch.setattr(dm, "low_bit_splits", lambda *a, **k: seen.append(k) or _emulated_low_bit_splits(*a, **k))
+    qb = qd.astype(jnp.bfloat16)
+    out, lse = decode_kernel._run(qb, cache, lay, 1.0 / math.sqrt(128), 2, 2, True, (3, 2))
+    ref, ref_lse = hq.hybrid_decode_attention_reference(qb, cache, config)
+    assert seen and seen[0]["query_scale"] == 1.0 / math.sqrt(128)
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), rtol=2e-2, atol=2e-2)
     np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), atol=2e-3)
 
 
@@ -255,6 +317,28 @@ GPU_CASES = [  # (name, case kwargs, splits, stages)
     ("300 pages in one split", dict(batch=1, heads=2, pages=300, num_pages=[300], seed=6, partial=False), 1, 2),
     ("max jumps mid-split", dict(batch=2, heads=2, pages=12, num_pages=[12, 10], seed=5, spike_page=7), 2, 2),
 ]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not on_hopper, reason="needs a Hopper GPU")
+@pytest.mark.parametrize("group", [1, 4, 5, 16])
+def test_gpu_prepared_query_equals_kernel_query(group):
+    """The kernel with the step's bf16 q prepared inside equals it with `kernel_query`'s q, and the oracle."""
+    case = random_case(batch=2, heads=3, pages=7, num_pages=[7, 4], seed=20 + group)
+    rng = np.random.default_rng(group)
+    qn = jnp.asarray(rng.normal(size=(2, 3 * group, dm.HEAD_DIM)) * 2.0, jnp.bfloat16)
+    scale = 1.0 / math.sqrt(128)
+    rest = kernel_args(case)[1:]
+    got = dm.low_bit_splits(qn, *rest, num_splits=3, query_scale=scale)
+    prepared = dm.kernel_query(qn, 3, scale)
+    want = dm.low_bit_splits(prepared, *rest, num_splits=3)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    q64 = np.asarray(prepared, np.float64)[..., np.argsort(dm.KEY_CHANNELS)]
+    out = np.asarray(dm.merge(*got), np.float64)[:, :, :group]
+    ref = dm.reference_low_bit(q64, *case[1:])[0][:, :, :group]
+    err = np.linalg.norm(out - ref) / np.linalg.norm(ref)
+    assert err < 1e-3, f"relative error {err:.3g}"
 
 
 @pytest.mark.gpu
