@@ -41,3 +41,14 @@ if [ "${PART:-1}" = 4 ]; then
   VARIANTS=$'.gpu_run/before_query_prep|bf16,hyquant|\n.|bf16,hyquant|\n.gpu_run/before_query_prep|hyquant|\n.|hyquant|' \
     PREFIXES=32768 STEPS=64 REPS=3 RUN_LIMIT=150 NAME=e2e_query_prep_s43 bash benchmarks/gpu_e2e_variants.sh
 fi
+# PART=5 (~5.5 min): the B=1 table with this session's code (fused q/k/v, the q prepared in the Mosaic kernel):
+#   bf16 and hyquant at 1K / 8K / 32K / 128K in one process, then hyquant at 32K / 128K in a second one (the
+#   spread between processes, benchmarks/NOTES.md session 41).
+if [ "${PART:-1}" = 5 ]; then
+  PYTHONPATH=. timeout 330 python3 benchmarks/e2e.py --out "$OUT" --name e2e_s43_b1 --sections b1 --methods bf16,hyquant \
+    --prefixes 1024,8192,32768,131072 --steps 64 --reps 3 --no-plot > "$OUT/e2e_s43_b1.log" 2>&1
+  echo "table rc=$?"; grep -A12 "^B=1" "$OUT/e2e_s43_b1.log" | tail -12
+  PYTHONPATH=. timeout ${SECOND_LIMIT:-120} python3 benchmarks/e2e.py --out "$OUT" --name e2e_s43_b1_second --sections b1 \
+    --methods hyquant --prefixes 32768,131072 --steps 64 --reps 3 --no-plot > "$OUT/e2e_s43_b1_second.log" 2>&1
+  echo "second rc=$?"; grep -A6 "^B=1" "$OUT/e2e_s43_b1_second.log" | tail -6
+fi
