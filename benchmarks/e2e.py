@@ -326,6 +326,7 @@ def _decode_config(args, params, config, attention, method, prefix, batch, mesh=
                   eos_ids=(config.vocab_size,) if args.stop_token else (), pad_id=0,
                   layer_kernels=args.layer_kernels)
     kv_start = kv_cache_bytes(attention, states, np.asarray(lengths))
+    temp = _temp_bytes(decode, (params, states, first, lengths, key), static)
     t0 = time.perf_counter()
     out, _, states, lengths, n = decode(params, states, first, lengths, key, **static)
     jax.block_until_ready(out)
@@ -356,7 +357,20 @@ def _decode_config(args, params, config, attention, method, prefix, batch, mesh=
             "devices": devices, "weights_bytes_read": int(weights), "kv_bytes_read": int(kv),
             "kv_bytes_read_per_device": int(kv / devices),
             "kv_bytes_per_sequence": int(kv / batch), "floor_ms": 1e3 * floor_s,
-            "floor_over_step": floor_s / step_s, "peak_bytes": _peak_bytes(mesh)}
+            "floor_over_step": floor_s / step_s, "peak_bytes": _peak_bytes(mesh), "decode_temp_bytes": temp}
+
+
+def _temp_bytes(fn, args, static) -> int | None:
+    """Temporary memory of the compiled `fn` (XLA's memory analysis; None where the platform gives none).
+
+    `peak_bytes` is the process's peak since it started, which also holds the weights' initialization; this is
+    what the decode loop itself allocates beyond its arguments. The compile is the one the timed call makes
+    (JAX's compilation cache, `worker_env`, serves the call)."""
+    try:
+        analysis = fn.lower(*args, **static).compile().memory_analysis()
+    except Exception:  # noqa: BLE001 - a diagnostic: the timing must not fail for it
+        return None
+    return None if analysis is None else int(analysis.temp_size_in_bytes)
 
 
 def _prefill_config(args, params, config, attention, method, prefix, mesh=None):
@@ -409,6 +423,7 @@ def run_worker(spec_path: str) -> None:
         attention = ShardedAttention(attention, mesh)
         print(f"mesh: {describe_mesh(mesh)}", flush=True)
     jax.block_until_ready(params)
+    init_peak = _peak_bytes(mesh)  # the weights and their initialization's temporaries (`peak_bytes` includes them)
     rows = []
     with open(spec["device_out"], "w") as f:
         dev = jax.devices()[0]
@@ -416,6 +431,8 @@ def run_worker(spec_path: str) -> None:
                    "mesh_devices": len(_devices(mesh))}, f)
 
     def save():
+        for row in rows:
+            row.setdefault("peak_after_init_bytes", init_peak)
         with open(spec["out"], "w") as f:
             json.dump(rows, f)
 

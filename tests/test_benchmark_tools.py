@@ -180,6 +180,7 @@ def test_e2e_stop_token_never_ends_the_timed_loops():
         attention, _ = e2e._attention(args, method)
         row = e2e._decode_config(args, params, config, attention, method, 64, 1)
         assert row["step_ms"] > 0
+        assert isinstance(row["decode_temp_bytes"], int) and row["decode_temp_bytes"] >= 0
 
 
 def test_e2e_workers_share_one_compilation_and_autotune_cache(monkeypatch, tmp_path):
