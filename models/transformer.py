@@ -38,7 +38,7 @@ class LayerParams:
 
     Why fused: a decode step then runs one GEMM for q, k and v. Separately, XLA lowers the small k/v
     products to a reduction fusion that delays the q GEMM behind it; on the H200 the fused weight made the
-    hybrid B=1 32K step 0.1-0.2 ms faster and bf16's no slower (benchmarks/NOTES.md, session 43). Grouping
+    hybrid B=1 step 0.15-0.3 ms faster at 32K and bf16's no slower (benchmarks/NOTES.md, session 43). Grouping
     by KV head keeps each KV head and its query group together, so a split over the Hkv axis is a
     tensor-parallel split of whole GQA groups (`hyquant_jax.sharding`).
     """

@@ -250,8 +250,8 @@ def _prepare_query(ctx, natural, out, *, group: int, scale: float):
     (r // 8, v // 64) at (2 (r // 8) + v // 64) x 1024 bytes; in it, the 16-byte chunk k of row r sits at chunk
     k ^ (r % 8)). Thread t writes row t // 8, virtual channels 16c .. 16c + 15 (c = t % 8): by KEY_CHANNELS they
     are the natural dims 16j + 4(c // 2) + 64(c % 2) + (0 .. 3) for j = 0 .. 3, one 8-byte load each; the
-    load's first bf16 pair gives the output pair 2j of the row's first chunk, its second the pair 2j of the
-    second chunk.
+    load's first bf16 pair becomes pair j of the thread's first 16-byte chunk (channels 16c + 2j, + 1), its
+    second pair j of the second chunk (channels 16c + 8 + 2j, + 1).
     """
     del ctx
     i32, i64 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(64)
