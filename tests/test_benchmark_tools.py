@@ -317,3 +317,28 @@ def test_mosaic_ablation_variants_apply_to_the_kernel_and_lower(tmp_path):
         mod = load_module(str(path), "ablation_" + name)
         fn = jax.jit(lambda *a, mod=mod: mod.low_bit_splits(*a, num_splits=2))
         assert "mosaic_gpu" in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text(), name
+
+
+def test_decode_memory_lists_large_buffers_outside_the_loops():
+    """benchmarks/decode_memory.py: the ENTRY computation's non-parameter results of at least min_bytes, with
+    their sizes; parameters, bitcasts, tuples and the loop bodies' instructions are not listed."""
+    from benchmarks.decode_memory import large_entry_buffers
+
+    hlo = """HloModule m
+
+%body (p: (s32[], bf16[4096,6144])) -> (s32[], bf16[4096,6144]) {
+  %big = bf16[4096,6144]{1,0} copy(%x)
+}
+
+ENTRY %main (a: bf16[4096,8,6,128], b: s32[]) -> f32[1] {
+  %a = bf16[4096,8,6,128]{3,2,1,0} parameter(0)
+  %slice.1 = bf16[4096,8,4,128]{3,2,1,0} slice(%a), slice={[0:4096], [0:8], [0:4], [0:128]}
+  %bitcast.2 = bf16[4096,6144]{1,0} bitcast(%a)
+  %small = f32[16,16]{1,0} add(%c, %d)
+  ROOT %wrapped_convert.3 = f32[4096,6144]{1,0} fusion(%a), kind=kLoop, calls=%fused
+}
+"""
+    rows = large_entry_buffers(hlo, 1 << 20)
+    assert [(r["name"], r["op"], r["bytes"]) for r in rows] == [
+        ("slice.1", "slice", 4096 * 8 * 4 * 128 * 2), ("wrapped_convert.3", "fusion", 4096 * 6144 * 4)]
+    assert large_entry_buffers(hlo, 1 << 30) == []

@@ -1,0 +1,97 @@
+"""What the compiled decode loop allocates beyond its arguments, and which large buffers XLA hoisted out of it.
+
+Compiles `hyquant_jax.generate.decode` for e2e.py's model and a method at one prefix and batch from shapes
+only (no weights or caches are allocated), then prints XLA's memory analysis and every instruction of the
+entry computation (outside the loops) whose result is at least --min-mb megabytes and is not a parameter:
+a weight copy or slice hoisted out of the decode loop shows there. Session 43 saw the B=1 process's peak rise
+by ~1.1 GiB with the fused q/k/v weights (benchmarks/NOTES.md); this separates the decode's own memory from
+the rest of the process.
+
+  PYTHONPATH=. python benchmarks/decode_memory.py --method hyquant --prefix 32768 --out $OUT
+  CPU check: PYTHONPATH=. python benchmarks/decode_memory.py --layers 2 --prefix 1024 --out /tmp/mem
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
+                "s64": 8, "u64": 8, "f64": 8}
+
+
+def large_entry_buffers(hlo_text: str, min_bytes: int) -> list[dict]:
+    """Instructions of the ENTRY computation of an HLO module's text whose array result has at least min_bytes
+    and that are not parameters (nor tuples, get-tuple-elements or bitcasts, which allocate nothing)."""
+    rows, in_entry = [], False
+    for line in hlo_text.splitlines():
+        if line.startswith("ENTRY "):
+            in_entry = True
+            continue
+        if in_entry and line.startswith("}"):
+            break
+        if not in_entry:
+            continue
+        m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = (\w+)\[([\d,]*)\]\S* (\w[\w\-]*)\(", line)
+        if not m or m.group(4) in ("parameter", "get-tuple-element", "bitcast", "tuple"):
+            continue
+        name, dtype, dims, op = m.groups()
+        size = _DTYPE_BYTES.get(dtype, 0)
+        for d in filter(None, dims.split(",")):
+            size *= int(d)
+        if size >= min_bytes:
+            rows.append({"name": name, "op": op, "shape": f"{dtype}[{dims}]", "bytes": size})
+    return rows
+
+
+def main(argv=None) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    from benchmarks import e2e
+    from hyquant_jax import SamplingConfig
+    from hyquant_jax.generate import decode
+    from models import init_params
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--method", default="hyquant", help="an e2e.py method (bf16, hyquant, kivi4, ...)")
+    p.add_argument("--prefix", type=int, default=32768)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--layers", type=int, default=None, help="fewer layers than the model (a quick CPU check)")
+    p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--min-mb", type=float, default=16.0)
+    p.add_argument("--out", default=None, help="folder for decode_memory_<method>_<prefix>.json")
+    args = p.parse_args(argv)
+    e2e_args = e2e.parse_args(["--sections", "b1"] + (["--layers", str(args.layers)] if args.layers else []))
+    config = e2e._model(e2e_args)
+    attention, _ = e2e._attention(e2e_args, args.method)
+    max_len = args.prefix + args.steps + 8
+    params = jax.eval_shape(lambda: init_params(jax.random.PRNGKey(0), config, jnp.bfloat16))
+    states = jax.eval_shape(lambda: e2e._states(attention, config, args.prefix, args.batch, max_len))
+    tokens = jax.ShapeDtypeStruct((args.batch,), jnp.int32)
+    static = dict(config=config, attention=attention, sampling=SamplingConfig(), max_new_tokens=args.steps + 1,
+                  eos_ids=(), pad_id=0, layer_kernels="auto")
+    compiled = decode.lower(params, states, tokens, tokens, jax.random.PRNGKey(2), **static).compile()
+    analysis = compiled.memory_analysis()
+    fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
+              "generated_code_size_in_bytes")
+    result = {"method": args.method, "prefix": args.prefix, "batch": args.batch, "layers": config.num_layers,
+              "device": jax.devices()[0].device_kind, "jax": jax.__version__,
+              "memory_analysis": {f: getattr(analysis, f, None) for f in fields} if analysis else None,
+              "large_entry_buffers": large_entry_buffers(compiled.as_text(), int(args.min_mb * 2**20))}
+    for f, v in (result["memory_analysis"] or {}).items():
+        print(f"{f}: {v / 2**20:.1f} MiB" if v is not None else f"{f}: -")
+    for row in result["large_entry_buffers"]:
+        print(f"outside the loops: {row['name']} = {row['op']} {row['shape']}, {row['bytes'] / 2**20:.1f} MiB")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        path = os.path.join(args.out, f"decode_memory_{args.method}_{args.prefix}.json")
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
