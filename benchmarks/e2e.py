@@ -126,6 +126,9 @@ def parse_args(argv=None):
     p.add_argument("--prefill-backend", default=None, choices=BACKENDS,
                    help="HyQuant prefill backend (default: --backend; mosaic needs a --prefill-block multiple of 64)")
     p.add_argument("--prefill-block", type=int, default=64, help="HyQuantConfig.prefill_block (must divide --window)")
+    p.add_argument("--mosaic-blocks-per-sm", type=int, default=None,
+                   help="HyQuant decode: the Mosaic low-bit kernel's blocks per multiprocessor (DecodeTuning; "
+                        "default: the library's, 2)")
     p.add_argument("--key-bits", type=int, default=4)
     p.add_argument("--value-bits", type=int, default=4)
     from hyquant_jax.config import SCHEMES, HyQuantConfig  # jax import only: no device is initialised
@@ -189,8 +192,13 @@ def _attention(args, method):
 
     hq = HyQuantConfig(key_bits=args.key_bits, value_bits=args.value_bits, scheme=args.scheme, window=args.window,
                        rho=args.rho, prefill_block=args.prefill_block)
+    tuning = None
+    if args.mosaic_blocks_per_sm is not None:
+        from hyquant_jax.decode_kernel import DecodeTuning
+
+        tuning = DecodeTuning(mosaic_blocks_per_sm=args.mosaic_blocks_per_sm)
     return make_attention(method, hq, backend=args.backend, prefill_backend=args.prefill_backend,
-                          cache_dtype=jnp.bfloat16), hq
+                          cache_dtype=jnp.bfloat16, decode_tuning=tuning), hq
 
 
 def _is_oom(err: Exception) -> bool:

@@ -10,6 +10,13 @@
 # PART=b (~8 min): the batch rows at 32K with this session's code (hyquant B=76, the largest that fitted in
 #   session 26, and B=74, bf16 B=25; e2e.py now also writes decode_temp_bytes and peak_after_init_bytes), for the
 #   best-throughput and largest-batch targets (2.53x and 76 vs 25 before the fused weights).
+# PART=c (~3 min): fewer Mosaic splits at B=1. Session 20's sweep (the kernel alone) got faster with every
+#   halving it tried: B1 32K 132 / 66 / 44 / 33 splits 0.0518 / 0.0396 / 0.0370 / 0.0352 ms, 128K 132 / 66 / 33
+#   0.0998 / 0.0920 / 0.0862, and `default_splits` stopped at 2 blocks per multiprocessor (33 splits at B=1);
+#   1 block per multiprocessor (17 splits) was never timed. The whole decode, default first and last.
+# PART=d (~7 min): the same end to end (`e2e.py --mosaic-blocks-per-sm 1`, HybridAttention.decode_tuning since
+#   session 43), B=1 32K and 128K, order default, 1, default, 1. Change `DecodeTuning.mosaic_blocks_per_sm` (and
+#   `default_splits`' docstring and tests) only if 1 wins in both orders.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -23,6 +30,14 @@ if [ "${PART:-a}" = a ]; then
       echo "$tag $method rc=$?"; tail -6 "$OUT/decode_memory_${tag}_${method}.log"
     done
   done
+elif [ "${PART:-a}" = c ]; then
+  PYTHONPATH=. timeout 280 python3 benchmarks/decode_kernel.py --out "$OUT" --name decode_b1_fewer_splits_s44 \
+    --cases 'qwen3-8b B1 32K,qwen3-8b B1 128K' \
+    --compare-tunings ';mosaic_per_sm=1;mosaic_splits=22;mosaic_splits=25;' > "$OUT/decode_b1_fewer_splits_s44.log" 2>&1
+  echo "splits rc=$?"; tail -14 "$OUT/decode_b1_fewer_splits_s44.log" | cut -c1-200
+elif [ "${PART:-a}" = d ]; then
+  VARIANTS=$'.|bf16,hyquant|\n.|hyquant||--mosaic-blocks-per-sm 1\n.|hyquant|\n.|hyquant||--mosaic-blocks-per-sm 1' \
+    PREFIXES=32768,131072 STEPS=64 REPS=3 RUN_LIMIT=150 NAME=e2e_blocks_per_sm_s44 bash benchmarks/gpu_e2e_variants.sh
 else
   PYTHONPATH=. timeout 280 python3 benchmarks/e2e.py --out "$OUT" --name e2e_s44_batch_hyquant --sections batch \
     --methods hyquant --batches 74,76 --no-until-oom --steps 64 --reps 2 --no-plot > "$OUT/e2e_s44_batch_hyquant.log" 2>&1

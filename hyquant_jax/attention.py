@@ -49,29 +49,44 @@ def prefill_backend(backend: str, head_dim: int, config: HyQuantConfig, device=N
     return "mosaic" if is_hopper(device) and fits else "pallas"
 
 
+def _tuning_kwargs(tuning) -> dict:
+    """`decode_kernel.decode_attention`'s tuning argument: none for None (its defaults), else the given
+    `decode_kernel.DecodeTuning`."""
+    if tuning is None:
+        return {}
+    from hyquant_jax.decode_kernel import DecodeTuning
+
+    if not isinstance(tuning, DecodeTuning):
+        raise ValueError(f"tuning must be None or a hyquant_jax.decode_kernel.DecodeTuning, got {tuning!r}")
+    return {"tuning": tuning}
+
+
 def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, backend: str = "auto",
-                     scale: float | None = None, ring_logits: bool = False):
+                     scale: float | None = None, ring_logits: bool = False, tuning=None):
     """One decode step's attention over a `HybridKVCache`.
 
     q: [B, Hq, D]. Returns (out [B, Hq, D] in q.dtype, lse float32 [B, Hq]); with ring_logits a third value:
     the scaled logits of every window-ring slot, float32 [B, Hq, ring_size], from the kernel backends (their
-    ring split computes them anyway), None from the reference backend.
+    ring split computes them anyway), None from the reference backend. tuning: the kernel backends' launch
+    knobs (`decode_kernel.DecodeTuning`; None: their defaults); the reference backend ignores it.
     """
     backend = resolve_backend(backend)
+    kwargs = _tuning_kwargs(tuning)
     if backend == "reference":
         out, lse = reference.hybrid_decode_attention_reference(q, cache, config, scale=scale)
         return (out, lse, None) if ring_logits else (out, lse)
     from hyquant_jax import decode_kernel  # imported lazily: only kernel backends need Pallas
 
     return decode_kernel.decode_attention(q, cache, config, interpret=backend == "interpret", scale=scale,
-                                          ring_logits=ring_logits)
+                                          ring_logits=ring_logits, **kwargs)
 
 
 def decode_step(q, k, v, cache: HybridKVCache, config: HyQuantConfig, backend: str = "auto",
-                active=None, scale: float | None = None, flush: bool = True):
+                active=None, scale: float | None = None, flush: bool = True, tuning=None):
     """Append this step's k, v [B, Hkv, D], attend with q [B, Hq, D], update ring scores.
 
     flush=False: the window rings were already given room (`flush_full_rings`, see `append`).
+    tuning: the kernel backends' launch knobs (`decode_kernel.DecodeTuning`; None: their defaults).
     Returns (out [B, Hq, D], new cache).
 
     The kernel backends attend over the cache as it was and this step's token as one more key
@@ -81,6 +96,7 @@ def decode_step(q, k, v, cache: HybridKVCache, config: HyQuantConfig, backend: s
     """
     ring_logits = config.flush_vl_count > 0  # ring scores are kept only when flushed tokens can be promoted
     resolved = resolve_backend(backend)
+    kwargs = _tuning_kwargs(tuning)
     if resolved == "reference":
         cache = append(cache, k, v, config, active=active, flush=flush, backend=backend)
         out, lse, *logits = decode_attention(q, cache, config, backend=backend, scale=scale, ring_logits=ring_logits)
@@ -99,7 +115,7 @@ def decode_step(q, k, v, cache: HybridKVCache, config: HyQuantConfig, backend: s
         # the kernels hand over their ring logits, so XLA makes no second pass over the ring
         out, lse, *logits = decode_kernel.decode_attention(
             q, cache, config, interpret=resolved == "interpret", scale=scale,
-            ring_logits=ring_logits, new_token=(k, v, active))
+            ring_logits=ring_logits, new_token=(k, v, active), **kwargs)
         cache = append(cache, k, v, config, active=active, flush=False, backend=backend)
     ring_logits = logits[0] if logits else None
     cache = accumulate_ring_scores(cache, q, lse, config, scale=scale, ring_logits=ring_logits)

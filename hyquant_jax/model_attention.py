@@ -131,17 +131,26 @@ class HybridAttention(RingFlushing):
     config: the HyQuant settings. backend: decode-attention backend;
     prefill_backend: hybrid-prefill backend (None: same as backend).
     cache_dtype: dtype of the full-precision regions (None: k's dtype).
+    decode_tuning: the decode kernels' launch knobs (`hyquant_jax.decode_kernel.DecodeTuning`, e.g. the Mosaic
+    kernel's blocks per multiprocessor); None: their defaults. Ignored by the reference backend.
     """
 
     config: HyQuantConfig = HyQuantConfig()
     backend: str = "auto"
     prefill_backend: str | None = None
     cache_dtype: Any = None
+    decode_tuning: Any = None
 
     def __post_init__(self):
         _check_backend("HybridAttention.backend", self.backend)
         if self.prefill_backend is not None:
             _check_backend("HybridAttention.prefill_backend", self.prefill_backend)
+        if self.decode_tuning is not None:
+            from hyquant_jax.decode_kernel import DecodeTuning
+
+            if not isinstance(self.decode_tuning, DecodeTuning):
+                raise ValueError("HybridAttention.decode_tuning must be None or a hyquant_jax.decode_kernel."
+                                 f"DecodeTuning, got {self.decode_tuning!r}")
 
     def _dtype(self, x):
         return self.cache_dtype or x.dtype
@@ -170,7 +179,7 @@ class HybridAttention(RingFlushing):
     def decode(self, layer, q, k, v, cache: HybridKVCache, ctx: DecodeContext):
         dt = cache.dtype
         return decode_step(q, k.astype(dt), v.astype(dt), cache, self.config, backend=self.backend,
-                           active=ctx.active, flush=not ctx.prepared)
+                           active=ctx.active, flush=not ctx.prepared, tuning=self.decode_tuning)
 
     def used_bytes(self, cache: HybridKVCache, lengths=None) -> np.ndarray:
         return cache.used_bytes(self.config)
@@ -288,16 +297,16 @@ def kivi_attention(bits: int = 4, cache_dtype=None) -> QuantizedCacheAttention:
 
 
 def make_attention(kind: str, config: HyQuantConfig | None = None, backend: str = "auto",
-                   prefill_backend: str | None = None, cache_dtype=None):
+                   prefill_backend: str | None = None, cache_dtype=None, decode_tuning=None):
     """Attention implementation by name: one of ATTENTION_KINDS.
 
-    config applies to "hyquant" only (default HyQuantConfig()); backend and
-    prefill_backend to "hyquant"'s kernels.
+    config applies to "hyquant" only (default HyQuantConfig()); backend,
+    prefill_backend and decode_tuning to "hyquant"'s kernels.
     """
     if kind == "bf16":
         return BF16Attention(cache_dtype=cache_dtype)
     if kind == "hyquant":
-        return HybridAttention(config or HyQuantConfig(), backend, prefill_backend, cache_dtype)
+        return HybridAttention(config or HyQuantConfig(), backend, prefill_backend, cache_dtype, decode_tuning)
     if kind.startswith("uniform") and kind in ATTENTION_KINDS:
         return uniform_attention(int(kind[7:]), cache_dtype)
     if kind.startswith("kivi") and kind in ATTENTION_KINDS:

@@ -342,3 +342,13 @@ ENTRY %main (a: bf16[4096,8,6,128], b: s32[]) -> f32[1] {
     assert [(r["name"], r["op"], r["bytes"]) for r in rows] == [
         ("slice.1", "slice", 4096 * 8 * 4 * 128 * 2), ("wrapped_convert.3", "fusion", 4096 * 6144 * 4)]
     assert large_entry_buffers(hlo, 1 << 30) == []
+
+
+def test_e2e_mosaic_blocks_per_sm_reaches_the_hybrid_attention():
+    from benchmarks import e2e
+    from hyquant_jax.decode_kernel import DecodeTuning
+
+    attention, _ = e2e._attention(e2e.parse_args(["--smoke", "--mosaic-blocks-per-sm", "1"]), "hyquant")
+    assert attention.decode_tuning == DecodeTuning(mosaic_blocks_per_sm=1)
+    attention, _ = e2e._attention(e2e.parse_args(["--smoke"]), "hyquant")
+    assert attention.decode_tuning is None

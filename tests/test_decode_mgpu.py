@@ -238,6 +238,31 @@ def test_mosaic_splits_override(monkeypatch):
     assert launches == [(5, 3), (dm.default_splits(2, 2, pages), 2)]
 
 
+def test_hybrid_attention_passes_its_decode_tuning(monkeypatch):
+    """HybridAttention(decode_tuning=...) reaches the kernel glue through decode_step (e2e.py's
+    --mosaic-blocks-per-sm uses it); without it the glue gets its defaults; a wrong type is an error."""
+    from models import DecodeContext
+
+    config = hq.HyQuantConfig()
+    qd, cache = _cache(jax.random.PRNGKey(14), 1, 8, 2, 128, [200], config)
+    seen = []
+    original = decode_kernel.decode_attention
+    monkeypatch.setattr(decode_kernel, "decode_attention",
+                        lambda *a, **k: seen.append(k.get("tuning")) or original(*a, **k))
+    k, v = jax.random.normal(jax.random.PRNGKey(15), (2, 1, 2, 128))
+    ctx = DecodeContext(jnp.asarray([200]), jnp.asarray([True]))
+    tuning = decode_kernel.DecodeTuning(mosaic_blocks_per_sm=1)
+    for attention in (hq.HybridAttention(config, "interpret", decode_tuning=tuning),
+                      hq.HybridAttention(config, "interpret")):
+        out, _ = attention.decode(0, qd, k, v, cache, ctx)
+        assert out.shape == qd.shape
+    assert seen == [tuning, None]
+    with pytest.raises(ValueError, match="HybridAttention.decode_tuning must be None or a"):
+        hq.HybridAttention(config, decode_tuning={"mosaic_blocks_per_sm": 1})
+    with pytest.raises(ValueError, match="tuning must be None or a"):
+        hq.decode_step(qd, k, v, cache, config, backend="interpret", tuning="fast")
+
+
 def test_default_splits():
     """One wave: 2 blocks per multiprocessor (132 on the H200), at least 2 splits, never more splits than
     pages. Past one wave (396 resident blocks): the fastest split count of the H200 sweep."""
