@@ -49,16 +49,14 @@ def prefill_backend(backend: str, head_dim: int, config: HyQuantConfig, device=N
     return "mosaic" if is_hopper(device) and fits else "pallas"
 
 
-def _tuning_kwargs(tuning) -> dict:
-    """`decode_kernel.decode_attention`'s tuning argument: none for None (its defaults), else the given
-    `decode_kernel.DecodeTuning`."""
-    if tuning is None:
-        return {}
-    from hyquant_jax.decode_kernel import DecodeTuning
+def check_tuning(tuning, name: str = "tuning"):
+    """`tuning` if it is None (the decode kernels' defaults) or a `decode_kernel.DecodeTuning`; anything else
+    is a ValueError naming the argument `name`."""
+    from hyquant_jax.decode_kernel import DecodeTuning  # imported lazily: only kernel backends need Pallas
 
-    if not isinstance(tuning, DecodeTuning):
-        raise ValueError(f"tuning must be None or a hyquant_jax.decode_kernel.DecodeTuning, got {tuning!r}")
-    return {"tuning": tuning}
+    if tuning is not None and not isinstance(tuning, DecodeTuning):
+        raise ValueError(f"{name} must be None or a hyquant_jax.decode_kernel.DecodeTuning, got {tuning!r}")
+    return tuning
 
 
 def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, backend: str = "auto",
@@ -71,14 +69,14 @@ def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, backend: st
     knobs (`decode_kernel.DecodeTuning`; None: their defaults); the reference backend ignores it.
     """
     backend = resolve_backend(backend)
-    kwargs = _tuning_kwargs(tuning)
+    tuning = check_tuning(tuning)
     if backend == "reference":
         out, lse = reference.hybrid_decode_attention_reference(q, cache, config, scale=scale)
         return (out, lse, None) if ring_logits else (out, lse)
     from hyquant_jax import decode_kernel  # imported lazily: only kernel backends need Pallas
 
     return decode_kernel.decode_attention(q, cache, config, interpret=backend == "interpret", scale=scale,
-                                          ring_logits=ring_logits, **kwargs)
+                                          ring_logits=ring_logits, tuning=tuning)
 
 
 def decode_step(q, k, v, cache: HybridKVCache, config: HyQuantConfig, backend: str = "auto",
@@ -96,7 +94,7 @@ def decode_step(q, k, v, cache: HybridKVCache, config: HyQuantConfig, backend: s
     """
     ring_logits = config.flush_vl_count > 0  # ring scores are kept only when flushed tokens can be promoted
     resolved = resolve_backend(backend)
-    kwargs = _tuning_kwargs(tuning)
+    tuning = check_tuning(tuning)
     if resolved == "reference":
         cache = append(cache, k, v, config, active=active, flush=flush, backend=backend)
         out, lse, *logits = decode_attention(q, cache, config, backend=backend, scale=scale, ring_logits=ring_logits)
@@ -115,7 +113,7 @@ def decode_step(q, k, v, cache: HybridKVCache, config: HyQuantConfig, backend: s
         # the kernels hand over their ring logits, so XLA makes no second pass over the ring
         out, lse, *logits = decode_kernel.decode_attention(
             q, cache, config, interpret=resolved == "interpret", scale=scale,
-            ring_logits=ring_logits, new_token=(k, v, active), **kwargs)
+            ring_logits=ring_logits, new_token=(k, v, active), tuning=tuning)
         cache = append(cache, k, v, config, active=active, flush=False, backend=backend)
     ring_logits = logits[0] if logits else None
     cache = accumulate_ring_scores(cache, q, lse, config, scale=scale, ring_logits=ring_logits)

@@ -189,7 +189,7 @@ def decode_layout(cache: HybridKVCache, config: HyQuantConfig, q_heads: int,
 
 
 def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, interpret: bool = False,
-                     scale: float | None = None, tuning: DecodeTuning = DecodeTuning(), ring_logits: bool = False,
+                     scale: float | None = None, tuning: DecodeTuning | None = None, ring_logits: bool = False,
                      new_token=None):
     """Hybrid decode attention through the Pallas kernel.
 
@@ -217,6 +217,7 @@ def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, interpret: 
             raise ValueError(f"new_token must be (k, v [B, Hkv, D]={want}, active bool [B]={(b,)}), got "
                              f"{k.shape}, {v.shape}, {jnp.shape(active)}")
         new_token = (k, v, jnp.asarray(active).astype(bool))
+    tuning = DecodeTuning() if tuning is None else tuning
     lay, num_warps, num_stages, mosaic_launch = decode_plan(cache, config, hq, tuning, interpret, ring_logits)
     return _run(q, cache, lay, scale if scale is not None else 1.0 / math.sqrt(d), num_warps, num_stages,
                 interpret, mosaic_launch, new_token)

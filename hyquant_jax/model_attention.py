@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hyquant_jax.attention import BACKENDS, decode_step, prefill_attention
+from hyquant_jax.attention import BACKENDS, check_tuning, decode_step, prefill_attention
 from hyquant_jax.cache import (
     HybridKVCache,
     append,
@@ -145,12 +145,7 @@ class HybridAttention(RingFlushing):
         _check_backend("HybridAttention.backend", self.backend)
         if self.prefill_backend is not None:
             _check_backend("HybridAttention.prefill_backend", self.prefill_backend)
-        if self.decode_tuning is not None:
-            from hyquant_jax.decode_kernel import DecodeTuning
-
-            if not isinstance(self.decode_tuning, DecodeTuning):
-                raise ValueError("HybridAttention.decode_tuning must be None or a hyquant_jax.decode_kernel."
-                                 f"DecodeTuning, got {self.decode_tuning!r}")
+        check_tuning(self.decode_tuning, "HybridAttention.decode_tuning")
 
     def _dtype(self, x):
         return self.cache_dtype or x.dtype
