@@ -5,7 +5,8 @@ only (no weights or caches are allocated), then prints XLA's memory analysis and
 entry computation (outside the loops) whose result is at least --min-mb megabytes and is not a parameter:
 a weight copy or slice hoisted out of the decode loop shows there. Session 43 saw the B=1 process's peak rise
 by ~1.1 GiB with the fused q/k/v weights (benchmarks/NOTES.md); this separates the decode's own memory from
-the rest of the process.
+the rest of the process. It also lists the `copy` instructions of the loops' bodies by shape (session 43's
+profile showed two s32 copies of `ring_len` a layer and step; benchmarks/decode_hlo_copies.py has the helpers).
 
   PYTHONPATH=. python benchmarks/decode_memory.py --method hyquant --prefix 32768 --out $OUT
   CPU check: PYTHONPATH=. python benchmarks/decode_memory.py --layers 2 --prefix 1024 --out /tmp/mem
@@ -17,6 +18,7 @@ import argparse
 import json
 import os
 import re
+from collections import Counter
 
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
                 "s64": 8, "u64": 8, "f64": 8}
@@ -51,6 +53,7 @@ def main(argv=None) -> None:
     import jax.numpy as jnp
 
     from benchmarks import e2e
+    from benchmarks.decode_hlo_copies import computation, copies, launches, while_bodies
     from hyquant_jax import SamplingConfig
     from hyquant_jax.generate import decode
     from models import init_params
@@ -74,17 +77,24 @@ def main(argv=None) -> None:
     static = dict(config=config, attention=attention, sampling=SamplingConfig(), max_new_tokens=args.steps + 1,
                   eos_ids=(), pad_id=0, layer_kernels="auto")
     compiled = decode.lower(params, states, tokens, tokens, jax.random.PRNGKey(2), **static).compile()
-    analysis = compiled.memory_analysis()
+    analysis, hlo = compiled.memory_analysis(), compiled.as_text()
     fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
               "generated_code_size_in_bytes")
     result = {"method": args.method, "prefix": args.prefix, "batch": args.batch, "layers": config.num_layers,
               "device": jax.devices()[0].device_kind, "jax": jax.__version__,
               "memory_analysis": {f: getattr(analysis, f, None) for f in fields} if analysis else None,
-              "large_entry_buffers": large_entry_buffers(compiled.as_text(), int(args.min_mb * 2**20))}
+              "large_entry_buffers": large_entry_buffers(hlo, int(args.min_mb * 2**20))}
+    loop_copies = [dict(c, body=body, body_launches=len(launches(computation(hlo, body))))
+                   for body in while_bodies(hlo) for c in copies(computation(hlo, body))]
+    result["loop_copies_by_shape"] = dict(Counter(c["shape"] for c in loop_copies))
+    result["loop_copies"] = loop_copies
     for f, v in (result["memory_analysis"] or {}).items():
         print(f"{f}: {v / 2**20:.1f} MiB" if v is not None else f"{f}: -")
     for row in result["large_entry_buffers"]:
         print(f"outside the loops: {row['name']} = {row['op']} {row['shape']}, {row['bytes'] / 2**20:.1f} MiB")
+    print(f"copies in the loop bodies: {len(loop_copies)} {result['loop_copies_by_shape']}")
+    for body, n in sorted(Counter((c["body"], c["body_launches"]) for c in loop_copies).items()):
+        print(f"  {n} in {body[0]} ({body[1]} launches)")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         path = os.path.join(args.out, f"decode_memory_{args.method}_{args.prefix}.json")

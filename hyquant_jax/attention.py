@@ -110,11 +110,15 @@ def decode_step(q, k, v, cache: HybridKVCache, config: HyQuantConfig, backend: s
         active = active.astype(bool)
         if flush:
             (cache,) = flush_full_rings((cache,), config, active)
+        appended = append(cache, k, v, config, active=active, flush=False, backend=backend)
+        # The token's ring slot from the appended cache: the append advances ring_len in place, and a reader
+        # of the old value after it costs two s32 copies a layer and step (inactive rows: masked there).
+        slot = (appended.ring_start + appended.ring_len - 1) % config.ring_size
         # the kernels hand over their ring logits, so XLA makes no second pass over the ring
         out, lse, *logits = decode_kernel.decode_attention(
             q, cache, config, interpret=resolved == "interpret", scale=scale,
-            ring_logits=ring_logits, new_token=(k, v, active), tuning=tuning)
-        cache = append(cache, k, v, config, active=active, flush=False, backend=backend)
+            ring_logits=ring_logits, new_token=(k, v, active), token_slot=slot, tuning=tuning)
+        cache = appended
     ring_logits = logits[0] if logits else None
     cache = accumulate_ring_scores(cache, q, lse, config, scale=scale, ring_logits=ring_logits)
     return out, cache

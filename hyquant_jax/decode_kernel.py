@@ -190,7 +190,7 @@ def decode_layout(cache: HybridKVCache, config: HyQuantConfig, q_heads: int,
 
 def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, interpret: bool = False,
                      scale: float | None = None, tuning: DecodeTuning | None = None, ring_logits: bool = False,
-                     new_token=None):
+                     new_token=None, token_slot=None):
     """Hybrid decode attention through the Pallas kernel.
 
     q: [B, Hq, D]. Returns (out [B, Hq, D] in q.dtype, lse float32 [B, Hq]); with ring_logits also the
@@ -202,6 +202,9 @@ def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, interpret: 
     in the cache, attended as if `append(cache, k, v, active=active, flush=False)` had run first (the ring
     logits then hold its logit at the slot that append fills). The caller appends it afterwards, so the
     append runs after the attention launches that read the ring instead of before them (`decode_step`).
+    token_slot: None or int32 [B], the ring slot that append fills (None: `(ring_start + ring_len) %
+    ring_size` of `cache`). `decode_step` takes it from the appended cache: the append advances `ring_len` in
+    place, and a reader of the old value after it made XLA copy `ring_len` twice a layer and step.
     """
     b, hq, d = q.shape
     if b != cache.batch or d != cache.head_dim or hq % cache.num_kv_heads:
@@ -217,10 +220,19 @@ def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, interpret: 
             raise ValueError(f"new_token must be (k, v [B, Hkv, D]={want}, active bool [B]={(b,)}), got "
                              f"{k.shape}, {v.shape}, {jnp.shape(active)}")
         new_token = (k, v, jnp.asarray(active).astype(bool))
+    if token_slot is not None and (new_token is None or jnp.shape(token_slot) != (b,)):
+        raise ValueError(f"token_slot must be int32 [B]={(b,)} and comes with new_token, got shape "
+                         f"{jnp.shape(token_slot)}" + (" without new_token" if new_token is None else ""))
     tuning = DecodeTuning() if tuning is None else tuning
     lay, num_warps, num_stages, mosaic_launch = decode_plan(cache, config, hq, tuning, interpret, ring_logits)
-    return _run(q, cache, lay, scale if scale is not None else 1.0 / math.sqrt(d), num_warps, num_stages,
-                interpret, mosaic_launch, new_token)
+    result = _run(q, cache, lay, scale if scale is not None else 1.0 / math.sqrt(d), num_warps, num_stages,
+                  interpret, mosaic_launch, new_token)
+    if new_token is None or not lay.ring_logits:
+        return result
+    out, lse, ring, token_logits = result  # the token's logit at the ring slot that the caller's append fills
+    slot = (cache.ring_start + cache.ring_len) % config.ring_size if token_slot is None else token_slot
+    at = (jnp.arange(config.ring_size)[None, :] == slot[:, None]) & new_token[2][:, None]  # [B, R]
+    return out, lse, jnp.where(at[:, None, :], token_logits[..., None], ring)
 
 
 def decode_plan(cache: HybridKVCache, config: HyQuantConfig, q_heads: int, tuning: DecodeTuning = DecodeTuning(),
@@ -305,6 +317,8 @@ def triton_splits(q, cache: HybridKVCache, lay: DecodeLayout, scale, num_warps, 
 @jax.jit(static_argnames=("lay", "scale", "num_warps", "num_stages", "interpret", "mosaic_launch"))
 def _run(q, cache: HybridKVCache, lay: DecodeLayout, scale, num_warps, num_stages, interpret, mosaic_launch=None,
          new_token=None):
+    """(out, lse), with `lay.ring_logits` also the ring logits [B, Hq, R], and with a new token as well its
+    logits [B, Hq] (which `decode_attention` places at its ring slot, outside: see its token_slot)."""
     b, hq, d = q.shape
     low = None
     if mosaic_launch is not None:
@@ -324,8 +338,7 @@ def _run(q, cache: HybridKVCache, lay: DecodeLayout, scale, num_warps, num_stage
         out, lse = merge_splits(o, m, l, lay.group, token)
     if not lay.ring_logits:
         return out.astype(q.dtype), lse
-    if token is not None:  # the token's logit at the ring slot that the caller's append writes
-        slot = (cache.ring_start + cache.ring_len) % lay.ring_size
-        at = ((jnp.arange(lay.ring_size)[None, :] == slot[:, None]) & new_token[2][:, None])[:, None, None, :]
-        ring = jnp.where(at, token[0][..., None], ring)
-    return out.astype(q.dtype), lse, ring[:, :, :lay.group].reshape(b, hq, lay.ring_size)
+    ring = ring[:, :, :lay.group].reshape(b, hq, lay.ring_size)
+    if token is None:
+        return out.astype(q.dtype), lse, ring
+    return out.astype(q.dtype), lse, ring, token[0][:, :, :lay.group].reshape(b, hq)

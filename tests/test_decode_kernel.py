@@ -265,6 +265,11 @@ def _check_new_token(qd, cache, config, interpret, active, tuning=DecodeTuning()
     np.testing.assert_allclose(logits[at], np.broadcast_to(exact[:, :, None], at.shape)[at], rtol=1e-5, atol=1e-5)
     ref, ref_lse = hq.hybrid_decode_attention_reference(qd.astype(jnp.float32), appended, config)
     assert np.linalg.norm(out - np.asarray(ref)) < 1e-2 * np.linalg.norm(np.asarray(ref))  # as `_check`
+    # the slot as decode_step passes it, from the appended cache: the same ring logits bit for bit
+    token_slot = (appended.ring_start + appended.ring_len - 1) % r
+    _, _, slotted = kernel_decode(qd, cache, config, interpret=interpret, ring_logits=True,
+                                  new_token=(k, v, active), tuning=tuning, token_slot=token_slot)
+    np.testing.assert_array_equal(np.asarray(slotted), logits)
     np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), atol=2e-2)
     return k, v
 
@@ -275,9 +280,16 @@ def test_interpret_new_token_equals_appending_first(appends):
     config = hq.HyQuantConfig(**SMALL)
     qd, cache = _cache(jax.random.PRNGKey(20 + appends), 3, 6, 2, 64, [150, 70, 0], config, appends=appends,
                        max_len=200, dtype=jnp.bfloat16)
-    k, v = _check_new_token(qd, cache, config, True, jnp.asarray([True, False, True]))
+    active = jnp.asarray([True, False, True])
+    k, v = _check_new_token(qd, cache, config, True, active)
     with pytest.raises(ValueError, match="new_token must be"):
         kernel_decode(qd, cache, config, interpret=True, new_token=(k[:, :1], v, jnp.ones((3,), bool)))
+    slot = jnp.zeros((3,), jnp.int32)
+    run = lambda **kw: kernel_decode(qd, cache, config, interpret=True, ring_logits=True, **kw)
+    with pytest.raises(ValueError, match=r"token_slot must be int32 \[B\]=\(3,\)"):
+        run(new_token=(k, v, active), token_slot=slot[:2])
+    with pytest.raises(ValueError, match="without new_token"):
+        run(token_slot=slot)
 
 
 def test_decode_step_attends_before_it_appends():
