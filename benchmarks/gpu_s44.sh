@@ -10,8 +10,8 @@
 #      head (MEMORY_TREES=.gpu_run/before_fused_qkv adds that tree): the copies in the compiled decode loop's
 #      bodies (session 43 saw two s32 copies of ring_len a layer) and the decode's own memory.
 #   c) e2e B=1 32K, one process each: head (bf16, hyquant), new, head, new.
-# PART=2 (~8 min): 1 Mosaic block per multiprocessor at B=1 (17 splits; default 2, 33 splits), e2e at 32K and
-#   128K, order default, 1, default, 1.
+# PART=2 (~8.5 min): 1 Mosaic block per multiprocessor at B=1 (17 splits; default 2, 33 splits), e2e at 32K and
+#   128K, order default, 1, default, 1; first which loop bodies hold the copies that PART=1 left (3 a layer).
 # PART=3 (~9 min): the batch rows at 32K (hyquant B=74, 76; bf16 B=25) for the largest-batch and
 #   best-throughput targets, not re-run since session 40.
 set -u
@@ -31,6 +31,9 @@ if [ "${PART:-1}" = 1 ]; then
   VARIANTS=$'.gpu_run/head|bf16,hyquant|\n.|hyquant|\n.gpu_run/head|hyquant|\n.|hyquant|' \
     PREFIXES=32768 STEPS=64 REPS=3 RUN_LIMIT=110 NAME=e2e_token_slot_s44 bash benchmarks/gpu_e2e_variants.sh
 elif [ "${PART:-1}" = 2 ]; then
+  PYTHONPATH=. timeout 90 python3 benchmarks/decode_memory.py --method hyquant --prefix 32768 --layers 4 \
+    --out "$OUT/memory_bodies" > "$OUT/decode_memory_s44_bodies_4layers.log" 2>&1
+  echo "memory rc=$?"; grep -v "^outside" "$OUT/decode_memory_s44_bodies_4layers.log" | tail -5
   VARIANTS=$'.|bf16,hyquant|\n.|hyquant||--mosaic-blocks-per-sm 1\n.|hyquant|\n.|hyquant||--mosaic-blocks-per-sm 1' \
     PREFIXES=32768,131072 STEPS=64 REPS=3 RUN_LIMIT=150 NAME=e2e_blocks_per_sm_s44 bash benchmarks/gpu_e2e_variants.sh
 else
