@@ -12,8 +12,8 @@
 #   c) e2e B=1 32K, one process each: head (bf16, hyquant), new, head, new.
 # PART=2 (~8.5 min): 1 Mosaic block per multiprocessor at B=1 (17 splits; default 2, 33 splits), e2e at 32K and
 #   128K, order default, 1, default, 1; first which loop bodies hold the copies that PART=1 left (3 a layer).
-# PART=3 (~9 min): the batch rows at 32K (hyquant B=74, 76; bf16 B=25) for the largest-batch and
-#   best-throughput targets, not re-run since session 40.
+# PART=3 (~9 min): the batch rows at 32K for the largest-batch and best-throughput targets, not re-run since
+#   session 40 (hyquant 72, 74, 75, 76 and on until out of memory; bf16 24, 25 and on), with this session's code.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -37,10 +37,10 @@ elif [ "${PART:-1}" = 2 ]; then
   VARIANTS=$'.|bf16,hyquant|\n.|hyquant||--mosaic-blocks-per-sm 1\n.|hyquant|\n.|hyquant||--mosaic-blocks-per-sm 1' \
     PREFIXES=32768,131072 STEPS=64 REPS=3 RUN_LIMIT=150 NAME=e2e_blocks_per_sm_s44 bash benchmarks/gpu_e2e_variants.sh
 else
-  PYTHONPATH=. timeout 300 python3 benchmarks/e2e.py --out "$OUT" --name e2e_s44_batch_hyquant --sections batch \
-    --methods hyquant --batches 74,76 --no-until-oom --steps 64 --reps 2 --no-plot > "$OUT/e2e_s44_batch_hyquant.log" 2>&1
-  echo "hyquant rc=$?"; tail -8 "$OUT/e2e_s44_batch_hyquant.log"
+  PYTHONPATH=. timeout 360 python3 benchmarks/e2e.py --out "$OUT" --name e2e_s44_batch_hyquant --sections batch \
+    --methods hyquant --batches 72,74,75,76 --until-oom --steps 64 --reps 2 --no-plot > "$OUT/e2e_s44_batch_hyquant.log" 2>&1
+  echo "hyquant rc=$?"; grep -A12 "^batch sweep" "$OUT/e2e_s44_batch_hyquant.log"
   PYTHONPATH=. timeout 150 python3 benchmarks/e2e.py --out "$OUT" --name e2e_s44_batch_bf16 --sections batch \
-    --methods bf16 --batches 25 --no-until-oom --steps 64 --reps 2 --no-plot > "$OUT/e2e_s44_batch_bf16.log" 2>&1
-  echo "bf16 rc=$?"; tail -6 "$OUT/e2e_s44_batch_bf16.log"
+    --methods bf16 --batches 24,25 --until-oom --steps 64 --reps 2 --no-plot > "$OUT/e2e_s44_batch_bf16.log" 2>&1
+  echo "bf16 rc=$?"; grep -A8 "^batch sweep" "$OUT/e2e_s44_batch_bf16.log"
 fi
