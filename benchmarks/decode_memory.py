@@ -15,6 +15,7 @@ profile showed two s32 copies of `ring_len` a layer and step; benchmarks/decode_
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -65,6 +66,9 @@ def main(argv=None) -> None:
     p.add_argument("--layers", type=int, default=None, help="fewer layers than the model (a quick CPU check)")
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--min-mb", type=float, default=16.0)
+    p.add_argument("--allocate-weights", action="store_true",
+                   help="also initialize the weights for real (as e2e.py does) and record the device's live and "
+                        "peak bytes after it against the weights' own bytes")
     p.add_argument("--out", default=None, help="folder for decode_memory_<method>_<prefix>.json")
     args = p.parse_args(argv)
     e2e_args = e2e.parse_args(["--sections", "b1"] + (["--layers", str(args.layers)] if args.layers else []))
@@ -72,6 +76,15 @@ def main(argv=None) -> None:
     attention, _ = e2e._attention(e2e_args, args.method)
     max_len = args.prefix + args.steps + 8
     params = jax.eval_shape(lambda: init_params(jax.random.PRNGKey(0), config, jnp.bfloat16))
+    weights = None
+    if args.allocate_weights:  # e2e.py's eager initialization; is anything besides the weights left alive?
+        real = jax.block_until_ready(init_params(jax.random.PRNGKey(0), config, jnp.bfloat16))
+        gc.collect()
+        stats = jax.devices()[0].memory_stats() or {}
+        weights = {"weights_bytes": sum(x.nbytes for x in jax.tree_util.tree_leaves(real)),
+                   "bytes_in_use": stats.get("bytes_in_use"), "peak_bytes_in_use": stats.get("peak_bytes_in_use")}
+        print("after init: " + ", ".join(f"{k} {v / 2**30:.3f} GiB" for k, v in weights.items() if v is not None))
+        del real
     states = jax.eval_shape(lambda: e2e._states(attention, config, args.prefix, args.batch, max_len))
     tokens = jax.ShapeDtypeStruct((args.batch,), jnp.int32)
     static = dict(config=config, attention=attention, sampling=SamplingConfig(), max_new_tokens=args.steps + 1,
@@ -83,6 +96,7 @@ def main(argv=None) -> None:
     result = {"method": args.method, "prefix": args.prefix, "batch": args.batch, "layers": config.num_layers,
               "device": jax.devices()[0].device_kind, "jax": jax.__version__,
               "memory_analysis": {f: getattr(analysis, f, None) for f in fields} if analysis else None,
+              "weights_after_init": weights,
               "large_entry_buffers": large_entry_buffers(hlo, int(args.min_mb * 2**20))}
     loop_copies = [dict(c, body=body, body_launches=len(launches(computation(hlo, body))))
                    for body in while_bodies(hlo) for c in copies(computation(hlo, body))]

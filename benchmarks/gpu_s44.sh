@@ -14,6 +14,9 @@
 #   128K, order default, 1, default, 1; first which loop bodies hold the copies that PART=1 left (3 a layer).
 # PART=3 (~9 min): the batch rows at 32K for the largest-batch and best-throughput targets, not re-run since
 #   session 40 (hyquant 72, 74, 75, 76 and on until out of memory; bf16 24, 25 and on), with this session's code.
+# PART=4 (~5 min): why the batch rows' peak rose ~1 GiB for both methods since session 40 (B=76 no longer fits):
+#   decode_memory.py with the real weights (--allocate-weights: live bytes after e2e.py's initialization) and the
+#   compiled decode at 32K, hyquant B=74 for the working tree and before_fused_qkv, bf16 B=25 for the working tree.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -36,6 +39,14 @@ elif [ "${PART:-1}" = 2 ]; then
   echo "memory rc=$?"; grep -v "^outside" "$OUT/decode_memory_s44_bodies_4layers.log" | tail -5
   VARIANTS=$'.|bf16,hyquant|\n.|hyquant||--mosaic-blocks-per-sm 1\n.|hyquant|\n.|hyquant||--mosaic-blocks-per-sm 1' \
     PREFIXES=32768,131072 STEPS=64 REPS=3 RUN_LIMIT=150 NAME=e2e_blocks_per_sm_s44 bash benchmarks/gpu_e2e_variants.sh
+elif [ "${PART:-1}" = 4 ]; then
+  for spec in .:hyquant:74 .gpu_run/before_fused_qkv:hyquant:74 .:bf16:25; do
+    IFS=: read -r tree method batch <<< "$spec"
+    tag=$(basename "$tree"); [ "$tree" = . ] && tag=new
+    (cd "$tree" && PYTHONPATH=. timeout 150 python3 benchmarks/decode_memory.py --method $method --prefix 32768 \
+        --batch $batch --allocate-weights --out "$OUT/memory_b${batch}_$tag") > "$OUT/decode_memory_s44_b${batch}_${method}_$tag.log" 2>&1
+    echo "$tag $method B=$batch rc=$?"; tail -n 14 "$OUT/decode_memory_s44_b${batch}_${method}_$tag.log" | cut -c1-200
+  done
 else
   PYTHONPATH=. timeout 360 python3 benchmarks/e2e.py --out "$OUT" --name e2e_s44_batch_hyquant --sections batch \
     --methods hyquant --batches 72,74,75,76 --until-oom --steps 64 --reps 2 --no-plot > "$OUT/e2e_s44_batch_hyquant.log" 2>&1
