@@ -17,6 +17,9 @@
 # PART=4 (~5 min): why the batch rows' peak rose ~1 GiB for both methods since session 40 (B=76 no longer fits):
 #   decode_memory.py with the real weights (--allocate-weights: live bytes after e2e.py's initialization) and the
 #   compiled decode at 32K, hyquant B=74 for the working tree and before_fused_qkv, bf16 B=25 for the working tree.
+# PART=5 (~4 min): PART=4 found ~1.09 GiB in use after the op-by-op init beyond the weights (none before the fused
+#   q/k/v). With init_params compiled per layer: the bytes after init, then hyquant B=76 and 77 at 32K.
+# PART=6 (~2 min): bf16 B=25 and 26 with the compiled init (does bf16 fit one more sequence now?).
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -47,6 +50,17 @@ elif [ "${PART:-1}" = 4 ]; then
         --batch $batch --allocate-weights --out "$OUT/memory_b${batch}_$tag") > "$OUT/decode_memory_s44_b${batch}_${method}_$tag.log" 2>&1
     echo "$tag $method B=$batch rc=$?"; tail -n 14 "$OUT/decode_memory_s44_b${batch}_${method}_$tag.log" | cut -c1-200
   done
+elif [ "${PART:-1}" = 5 ]; then
+  PYTHONPATH=. timeout 150 python3 benchmarks/decode_memory.py --method hyquant --prefix 32768 --allocate-weights \
+    --out "$OUT/memory_jit_init" > "$OUT/decode_memory_s44_jit_init.log" 2>&1
+  echo "memory rc=$?"; grep "after init" "$OUT/decode_memory_s44_jit_init.log"
+  PYTHONPATH=. timeout 300 python3 benchmarks/e2e.py --out "$OUT" --name e2e_s44_batch_jit_init --sections batch \
+    --methods hyquant --batches 76,77 --no-until-oom --steps 64 --reps 2 --no-plot > "$OUT/e2e_s44_batch_jit_init.log" 2>&1
+  echo "hyquant rc=$?"; grep -A6 "^batch sweep" "$OUT/e2e_s44_batch_jit_init.log"
+elif [ "${PART:-1}" = 6 ]; then
+  PYTHONPATH=. timeout 240 python3 benchmarks/e2e.py --out "$OUT" --name e2e_s44_batch_bf16_jit_init --sections batch \
+    --methods bf16 --batches 25,26 --no-until-oom --steps 64 --reps 2 --no-plot > "$OUT/e2e_s44_batch_bf16_jit_init.log" 2>&1
+  echo rc=$?; grep -A5 "^batch sweep" "$OUT/e2e_s44_batch_bf16_jit_init.log"
 else
   PYTHONPATH=. timeout 360 python3 benchmarks/e2e.py --out "$OUT" --name e2e_s44_batch_hyquant --sections batch \
     --methods hyquant --batches 72,74,75,76 --until-oom --steps 64 --reps 2 --no-plot > "$OUT/e2e_s44_batch_hyquant.log" 2>&1

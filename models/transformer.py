@@ -107,12 +107,15 @@ def init_params(key: jax.Array, config: ModelConfig, dtype=jnp.bfloat16) -> Para
     Linear weights ~ N(0, 1/fan_in), norms ~ 1 + N(0, 0.1^2), biases ~ N(0, 0.1^2);
     scaled so activations stay O(1) through many layers. Layer i is
     `init_layer_params(keys[i])` and the rest `init_outer_params(keys[-3:])`
-    with keys = jax.random.split(key, num_layers + 3) (so a sharded init can
-    compile one layer once and call it per layer).
+    with keys = jax.random.split(key, num_layers + 3), each compiled once and
+    called per layer (op by op on the H200, Qwen3-8B's weights left ~1.1 GiB
+    in use beyond themselves once q/k/v were fused: benchmarks/NOTES.md,
+    session 44).
     """
     keys = jax.random.split(key, config.num_layers + 3)
-    layers = tuple(init_layer_params(keys[i], config, dtype) for i in range(config.num_layers))
-    embed, final_norm, lm_head = init_outer_params(keys[-3:], config, dtype)
+    make_layer = jax.jit(lambda k: init_layer_params(k, config, dtype))
+    layers = tuple(make_layer(keys[i]) for i in range(config.num_layers))
+    embed, final_norm, lm_head = jax.jit(lambda k: init_outer_params(k, config, dtype))(keys[-3:])
     return Params(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)
 
 
