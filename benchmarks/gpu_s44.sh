@@ -20,6 +20,7 @@
 # PART=5 (~4 min): PART=4 found ~1.09 GiB in use after the op-by-op init beyond the weights (none before the fused
 #   q/k/v). With init_params compiled per layer: the bytes after init, then hyquant B=76 and 77 at 32K.
 # PART=6 (~2 min): bf16 B=25 and 26 with the compiled init (does bf16 fit one more sequence now?).
+# PART=7 (~4 min): the B=1 table with this session's code, bf16 and hyquant at 1K / 8K / 32K / 128K, one process.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -61,6 +62,10 @@ elif [ "${PART:-1}" = 6 ]; then
   PYTHONPATH=. timeout 240 python3 benchmarks/e2e.py --out "$OUT" --name e2e_s44_batch_bf16_jit_init --sections batch \
     --methods bf16 --batches 25,26 --no-until-oom --steps 64 --reps 2 --no-plot > "$OUT/e2e_s44_batch_bf16_jit_init.log" 2>&1
   echo rc=$?; grep -A5 "^batch sweep" "$OUT/e2e_s44_batch_bf16_jit_init.log"
+elif [ "${PART:-1}" = 7 ]; then
+  PYTHONPATH=. timeout ${TABLE_LIMIT:-250} python3 benchmarks/e2e.py --out "$OUT" --name e2e_s44_b1 --sections b1 \
+    --methods bf16,hyquant --prefixes 1024,8192,32768,131072 --steps 64 --reps 3 --no-plot > "$OUT/e2e_s44_b1.log" 2>&1
+  echo "table rc=$?"; grep -A12 "^B=1" "$OUT/e2e_s44_b1.log" | tail -12
 else
   PYTHONPATH=. timeout 360 python3 benchmarks/e2e.py --out "$OUT" --name e2e_s44_batch_hyquant --sections batch \
     --methods hyquant --batches 72,74,75,76 --until-oom --steps 64 --reps 2 --no-plot > "$OUT/e2e_s44_batch_hyquant.log" 2>&1
