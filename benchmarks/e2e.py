@@ -129,6 +129,9 @@ def parse_args(argv=None):
     p.add_argument("--mosaic-blocks-per-sm", type=int, default=None,
                    help="HyQuant decode: the Mosaic low-bit kernel's blocks per multiprocessor (DecodeTuning; "
                         "default: the library's, 2)")
+    p.add_argument("--mosaic-splits", type=int, default=None,
+                   help="HyQuant decode: a fixed split count per (sequence, KV head) for the Mosaic low-bit kernel "
+                        "(DecodeTuning.mosaic_splits, overrides --mosaic-blocks-per-sm; default: default_splits)")
     p.add_argument("--key-bits", type=int, default=4)
     p.add_argument("--value-bits", type=int, default=4)
     from hyquant_jax.config import SCHEMES, HyQuantConfig  # jax import only: no device is initialised
@@ -163,6 +166,9 @@ def parse_args(argv=None):
     for s in args.sections.split(","):
         if s not in ("b1", "batch", "prefill"):
             p.error(f"--sections: unknown section {s!r}")
+    for flag, value in (("--mosaic-blocks-per-sm", args.mosaic_blocks_per_sm), ("--mosaic-splits", args.mosaic_splits)):
+        if value is not None and value < 1:
+            p.error(f"{flag} must be >= 1, got {value}")
     if args.mesh:
         from hyquant_jax.sharding import check_model_fits, parse_mesh_shape  # no device is initialised
 
@@ -193,10 +199,11 @@ def _attention(args, method):
     hq = HyQuantConfig(key_bits=args.key_bits, value_bits=args.value_bits, scheme=args.scheme, window=args.window,
                        rho=args.rho, prefill_block=args.prefill_block)
     tuning = None
-    if args.mosaic_blocks_per_sm is not None:
+    if args.mosaic_blocks_per_sm is not None or args.mosaic_splits is not None:
         from hyquant_jax.decode_kernel import DecodeTuning
 
-        tuning = DecodeTuning(mosaic_blocks_per_sm=args.mosaic_blocks_per_sm)
+        knobs = dict(mosaic_blocks_per_sm=args.mosaic_blocks_per_sm, mosaic_splits=args.mosaic_splits)
+        tuning = DecodeTuning(**{k: v for k, v in knobs.items() if v is not None})
     return make_attention(method, hq, backend=args.backend, prefill_backend=args.prefill_backend,
                           cache_dtype=jnp.bfloat16, decode_tuning=tuning), hq
 

@@ -350,5 +350,10 @@ def test_e2e_mosaic_blocks_per_sm_reaches_the_hybrid_attention():
 
     attention, _ = e2e._attention(e2e.parse_args(["--smoke", "--mosaic-blocks-per-sm", "1"]), "hyquant")
     assert attention.decode_tuning == DecodeTuning(mosaic_blocks_per_sm=1)
+    attention, _ = e2e._attention(e2e.parse_args(["--smoke", "--mosaic-splits", "16"]), "hyquant")
+    assert attention.decode_tuning == DecodeTuning(mosaic_splits=16)
     attention, _ = e2e._attention(e2e.parse_args(["--smoke"]), "hyquant")
     assert attention.decode_tuning is None
+    for flag in ("--mosaic-splits", "--mosaic-blocks-per-sm"):
+        with pytest.raises(SystemExit):
+            e2e.parse_args(["--smoke", flag, "0"])

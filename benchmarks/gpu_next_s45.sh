@@ -1,0 +1,22 @@
+#!/bin/bash
+# Prepared in session 44 for the next GPU session; one call each (session 44's calls: benchmarks/gpu_s44.sh).
+# PART=a (~3 min): the Mosaic kernel alone at B=1 with a balanced single wave. Session 44's
+#   `--mosaic-blocks-per-sm 1` was much slower end to end (e2e_blocks_per_sm_s44.json), but it launched ceil(132 / 8)
+#   = 17 splits, 136 blocks on 132 multiprocessors (4 of them run two). 16 splits (128 blocks) were never timed;
+#   24 and 33 (the default, 264 = 2 x 132 blocks) for comparison, at B1 32K and 128K, default first and last.
+# PART=b (~7 min): the same end to end (`e2e.py --mosaic-splits 16`), B=1 32K and 128K, order default, 16,
+#   default, 16. Change `default_splits` (floor: the largest split count whose blocks fit sms x per_sm, and per_sm
+#   1 at B=1 if 16 wins) only if it wins in both orders, and re-run its tests.
+set -u
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if [ "${PART:-a}" = a ]; then
+  PYTHONPATH=. timeout 280 python3 benchmarks/decode_kernel.py --out "$OUT" --name decode_b1_balanced_splits_s45 \
+    --cases 'qwen3-8b B1 32K,qwen3-8b B1 128K' \
+    --compare-tunings ';mosaic_splits=16;mosaic_splits=24;' > "$OUT/decode_b1_balanced_splits_s45.log" 2>&1
+  echo "splits rc=$?"; tail -14 "$OUT/decode_b1_balanced_splits_s45.log" | cut -c1-200
+else
+  VARIANTS=$'.|bf16,hyquant|\n.|hyquant||--mosaic-splits 16\n.|hyquant|\n.|hyquant||--mosaic-splits 16' \
+    PREFIXES=32768,131072 STEPS=64 REPS=3 RUN_LIMIT=150 NAME=e2e_splits16_s45 bash benchmarks/gpu_e2e_variants.sh
+fi
