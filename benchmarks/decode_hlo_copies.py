@@ -89,6 +89,25 @@ def launches(text: str) -> list[dict]:
     return out
 
 
+CONDITIONAL = re.compile(r"^\s*(?:ROOT )?(%[\w.\-]+) = .* conditional\(")
+BRANCHES = re.compile(r"(?:true_computation|false_computation)=(%[\w.\-]+)|branch_computations=\{([^}]*)\}")
+
+
+def branch_launches(hlo: str, text: str) -> dict:
+    """For each `conditional` of an HLO computation's text: {its name: {branch computation: launches}}
+    (e.g. the decode loop's window-flush `lax.cond`)."""
+    out = {}
+    for line in text.splitlines():
+        m = CONDITIONAL.match(line)
+        if not m:
+            continue
+        names = []
+        for true_or_false, listed in BRANCHES.findall(line):
+            names += [true_or_false] if true_or_false else re.findall(r"%[\w.\-]+", listed)
+        out[m.group(1)] = {name: len(launches(computation(hlo, name))) for name in names}
+    return out
+
+
 def decode_hlo(kind: str, layers: int, prefix: int, backend: str) -> str:
     """Optimized HLO text of the jitted decode loop for a Qwen3-8B-attention-shaped model, B=1."""
     config = ModelConfig(architecture="qwen3", vocab_size=1024, hidden_size=4096, intermediate_size=1024,

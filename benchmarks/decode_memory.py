@@ -54,7 +54,7 @@ def main(argv=None) -> None:
     import jax.numpy as jnp
 
     from benchmarks import e2e
-    from benchmarks.decode_hlo_copies import computation, copies, launches, while_bodies
+    from benchmarks.decode_hlo_copies import branch_launches, computation, copies, launches, while_bodies
     from hyquant_jax import SamplingConfig
     from hyquant_jax.generate import decode
     from models import init_params
@@ -101,6 +101,9 @@ def main(argv=None) -> None:
     loop_copies = [dict(c, body=body, body_launches=len(launches(computation(hlo, body))))
                    for body in while_bodies(hlo) for c in copies(computation(hlo, body))]
     result["loop_copies_by_shape"] = dict(Counter(c["shape"] for c in loop_copies))
+    result["while_bodies"] = {body: dict(launches=len(launches(computation(hlo, body))),
+                                         conditionals=branch_launches(hlo, computation(hlo, body)))
+                              for body in while_bodies(hlo)}
     result["loop_copies"] = loop_copies
     for f, v in (result["memory_analysis"] or {}).items():
         print(f"{f}: {v / 2**20:.1f} MiB" if v is not None else f"{f}: -")
@@ -109,6 +112,10 @@ def main(argv=None) -> None:
     print(f"copies in the loop bodies: {len(loop_copies)} {result['loop_copies_by_shape']}")
     for body, n in sorted(Counter((c["body"], c["body_launches"]) for c in loop_copies).items()):
         print(f"  {n} in {body[0]} ({body[1]} launches)")
+    for body, info in result["while_bodies"].items():
+        branches = "; ".join(f"{c}: " + ", ".join(f"{b} {n}" for b, n in br.items())
+                             for c, br in info["conditionals"].items())
+        print(f"loop body {body}: {info['launches']} launches" + (f"; conditionals {branches}" if branches else ""))
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         path = os.path.join(args.out, f"decode_memory_{args.method}_{args.prefix}.json")

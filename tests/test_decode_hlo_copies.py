@@ -1,11 +1,13 @@
 """The HLO-text helpers of benchmarks/decode_hlo_copies.py."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import pytest
 from jax import lax
 
-from benchmarks.decode_hlo_copies import computation, copies, launches, while_bodies
+from benchmarks.decode_hlo_copies import branch_launches, computation, copies, launches, while_bodies
 
 
 def test_copies_parses_shape_operand_and_op():
@@ -44,3 +46,18 @@ def test_launches_lists_fusions_custom_calls_and_copies():
              op="jit(decode)/while/body/pallas_call"),
         dict(name="%copy.2", opcode="copy", kind="", op=""),
     ]
+
+
+def test_branch_launches_counts_each_branch_of_a_compiled_cond():
+    def f(x, p):
+        return lax.cond(p, lambda y: jnp.sin(y) * 2.0 + jnp.cos(y), lambda y: y, x)
+
+    hlo = jax.jit(f).lower(jnp.ones(4), True).compile().as_text()
+    entry = computation(hlo, re.search(r"^ENTRY (%[\w.\-]+)", hlo, re.M).group(1))
+    found = branch_launches(hlo, entry)
+    assert len(found) == 1
+    (branches,) = found.values()
+    assert sorted(branches.values()) == [0, 1]  # the identity branch launches nothing, the other one fusion
+    text = '  %cond.3 = (f32[4]) conditional(%p, %a, %b), true_computation=%t.1, false_computation=%f.2'
+    with pytest.raises(ValueError, match="no computation"):
+        branch_launches(hlo, text)
