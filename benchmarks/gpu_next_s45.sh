@@ -4,6 +4,8 @@
 #   `--mosaic-blocks-per-sm 1` was much slower end to end (e2e_blocks_per_sm_s44.json), but it launched ceil(132 / 8)
 #   = 17 splits, 136 blocks on 132 multiprocessors (4 of them run two). 16 splits (128 blocks) were never timed;
 #   24 and 33 (the default, 264 = 2 x 132 blocks) for comparison, at B1 32K and 128K, default first and last.
+#   Then B16 32K, where `default_splits`' ceil(264 / 128) = 3 splits launch 384 blocks (2 or 3 a multiprocessor)
+#   against 2 splits, 256 blocks (the floor); session 20's "2 per SM beat 4 and 8" compared 3, 6 and 11 there.
 # PART=b (~7 min): the same end to end (`e2e.py --mosaic-splits 16`), B=1 32K and 128K, order default, 16,
 #   default, 16. Change `default_splits` (floor: the largest split count whose blocks fit sms x per_sm, and per_sm
 #   1 at B=1 if 16 wins) only if it wins in both orders, and re-run its tests.
@@ -24,6 +26,9 @@ if [ "${PART:-a}" = a ]; then
     --cases 'qwen3-8b B1 32K,qwen3-8b B1 128K' \
     --compare-tunings ';mosaic_splits=16;mosaic_splits=24;' > "$OUT/decode_b1_balanced_splits_s45.log" 2>&1
   echo "splits rc=$?"; tail -14 "$OUT/decode_b1_balanced_splits_s45.log" | cut -c1-200
+  PYTHONPATH=. timeout 150 python3 benchmarks/decode_kernel.py --out "$OUT" --name decode_b16_floor_splits_s45 \
+    --cases 'qwen3-8b B16 32K' --compare-tunings ';mosaic_splits=2;' > "$OUT/decode_b16_floor_splits_s45.log" 2>&1
+  echo "b16 rc=$?"; tail -8 "$OUT/decode_b16_floor_splits_s45.log" | cut -c1-200
 elif [ "${PART:-a}" = c ]; then
   for tree in . .gpu_run/flush_stacked; do
     (cd "$tree" && PYTHONPATH=. timeout 90 python3 benchmarks/decode_memory.py --method hyquant --prefix 32768 \
