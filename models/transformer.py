@@ -113,9 +113,8 @@ def init_params(key: jax.Array, config: ModelConfig, dtype=jnp.bfloat16) -> Para
     session 44).
     """
     keys = jax.random.split(key, config.num_layers + 3)
-    make_layer = jax.jit(lambda k: init_layer_params(k, config, dtype))
-    layers = tuple(make_layer(keys[i]) for i in range(config.num_layers))
-    embed, final_norm, lm_head = jax.jit(lambda k: init_outer_params(k, config, dtype))(keys[-3:])
+    layers = tuple(_init_layer_jit(keys[i], config, dtype) for i in range(config.num_layers))
+    embed, final_norm, lm_head = _init_outer_jit(keys[-3:], config, dtype)
     return Params(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)
 
 
@@ -157,6 +156,10 @@ def init_outer_params(keys: jax.Array, config: ModelConfig, dtype=jnp.bfloat16):
     final_norm = _norm_weight(keys[1], e, dtype)
     lm_head = None if config.tie_embeddings else _normal(keys[2], (e, v), 1 / math.sqrt(e), dtype)
     return embed, final_norm, lm_head
+
+
+_init_layer_jit = jax.jit(init_layer_params, static_argnames=("config", "dtype"))
+_init_outer_jit = jax.jit(init_outer_params, static_argnames=("config", "dtype"))
 
 
 def cast_params(params: Params, dtype) -> Params:
