@@ -98,12 +98,12 @@ def main(argv=None) -> None:
               "memory_analysis": {f: getattr(analysis, f, None) for f in fields} if analysis else None,
               "weights_after_init": weights,
               "large_entry_buffers": large_entry_buffers(hlo, int(args.min_mb * 2**20))}
-    loop_copies = [dict(c, body=body, body_launches=len(launches(computation(hlo, body))))
-                   for body in while_bodies(hlo) for c in copies(computation(hlo, body))]
+    bodies = {body: computation(hlo, body) for body in while_bodies(hlo)}
+    result["while_bodies"] = {body: dict(launches=len(launches(text)), conditionals=branch_launches(hlo, text))
+                              for body, text in bodies.items()}
+    loop_copies = [dict(c, body=body, body_launches=result["while_bodies"][body]["launches"])
+                   for body, text in bodies.items() for c in copies(text)]
     result["loop_copies_by_shape"] = dict(Counter(c["shape"] for c in loop_copies))
-    result["while_bodies"] = {body: dict(launches=len(launches(computation(hlo, body))),
-                                         conditionals=branch_launches(hlo, computation(hlo, body)))
-                              for body in while_bodies(hlo)}
     result["loop_copies"] = loop_copies
     for f, v in (result["memory_analysis"] or {}).items():
         print(f"{f}: {v / 2**20:.1f} MiB" if v is not None else f"{f}: -")
