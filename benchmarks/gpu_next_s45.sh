@@ -15,7 +15,8 @@
 #   Before the call: `bash benchmarks/prepare_patched_tree.sh flush_stacked`, carry [".gpu_run"]. First the
 #   launches of the outer loop body (decode_memory.py, 4 layers: main vs patch), then e2e B=1 at 1K and 32K,
 #   order main, patch, main, patch (~3 ms every 64 steps before). On the CPU (interpret mode, decode_memory.py
-#   at 4 and 8 layers) the flush branch has 57 launches a layer on main and 38 with the patch: the ~10 writes a
+#   at 4 and 8 layers, results/decode_memory_cpu_s44_{main,stacked}_{4,8}layers.json) the flush branch has 57
+#   launches a layer on main and 38 with the patch: the ~10 writes a
 #   layer stay, so expect ~1/3 of the flush's ~0.05 ms a step, if the GPU's fusion counts scale the same way.
 set -u
 OUT=${OUT:-/tmp/out}
