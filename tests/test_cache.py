@@ -366,6 +366,43 @@ def test_flush_full_rings_then_append_equals_self_flushing_append(promote):
         h.check()
 
 
+@pytest.mark.parametrize("scheme,kbits,vbits,group,promote", [
+    ("channel_key", 4, 4, 32, True), ("token_asym", 4, 2, 16, True), ("token_sym", 8, 4, 32, False),
+    ("channel_key", 16, 16, 32, True)])
+def test_stacked_flush_equals_flushing_each_layer(monkeypatch, scheme, kbits, vbits, group, promote):
+    """flush_full_rings quantizes the layers' oldest blocks as one stacked computation (`_flush_stacked`) while
+    they are small: the same caches bit for bit as flushing each layer alone (the limit set to 0), with layers
+    that differ (lengths, scores, which rings are full) and a sequence whose VL region is full (whole block
+    quantized, as under a broken min_length promise)."""
+    from hyquant_jax import cache as cache_module
+
+    cfg = config(key_bits=kbits, value_bits=vbits, scheme=scheme, group_size=group, window=32, block_size=16,
+                 rho=0.1, promote_flushed=promote)
+    layers = [Harness(rng(40 + i), cfg, 3, 2, 2, 48, 64, [48, 31, 40 - 3 * i], 160) for i in range(3)]
+    caches = []
+    for i, h in enumerate(layers):
+        step = 0  # append until sequence 0's ring is full; sequence 1 lags: rings at different fill levels
+        while int(h.cache.ring_len[0]) < cfg.ring_size:
+            h.append(active=[True, step % (2 + i) == 0, True], random_scores=True)
+            step += 1
+        c = h.cache
+        if promote:  # sequence 0 of layer 1: no VL room left
+            c = dataclasses.replace(c, num_vl=c.num_vl.at[0].set(c.vl_capacity if i == 1 else c.num_vl[0]))
+        caches.append(c)
+    caches = tuple(caches)
+    active = jnp.asarray([True, True, False])
+    full = [cache_module._full_rings(c, active, cfg) for c in caches]
+    assert cache_module._flush_stacked(caches, full, cfg) is not None
+    stacked = flush_full_rings(caches, cfg, active)
+    per_layer = tuple(cache_module._flush_oldest_block(c, f, cfg) for c, f in zip(caches, full))
+    monkeypatch.setattr(cache_module, "STACKED_FLUSH_MAX_BYTES", 0)
+    assert cache_module._flush_stacked(caches, full, cfg) is None
+    flushed = np.stack([np.asarray(a.num_pages) - np.asarray(c.num_pages) for a, c in zip(per_layer, caches)])
+    assert flushed[:, 0].all() and not flushed[:, 2].any() and not flushed.all()  # full, inactive, not full
+    for a, b in zip(jax.tree_util.tree_leaves(stacked), jax.tree_util.tree_leaves(per_layer)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_steps_until_full_is_the_smallest_room_of_an_active_ring():
     """min over layers and active sequences of ring_size - ring_len; inactive rings and full-ring
     bookkeeping: after flush_full_rings that many appends without a flush are valid, one more is not."""
