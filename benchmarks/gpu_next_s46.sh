@@ -9,9 +9,10 @@
 #   per prefix: bf16 as is / writes only / static, hyquant as is / append only / static / static in one flat
 #   loop / without the Mosaic launch / without the merge. hyquant - append_only is the attention path,
 #   append_only - static the append and flush, static - bf16_static the loops and carried state.
-# PART=c (~5 min): the graph profile of the current step at 32K (both methods), read one layer in start order
-#   as session 43 did (`profile_graphs_s43.json`): what sits between the norm + RoPE kernel and the o
-#   projection now that the q conversion is inside the Mosaic kernel.
+# PART=c (~7 min): the graph profile of the current step at 1K and 32K (both methods), read one layer in start
+#   order as session 43 did (`profile_graphs_s43.json`): what sits between the norm + RoPE kernel and the o
+#   projection now that the q conversion is inside the Mosaic kernel, and at 1K (Triton kernel only, below
+#   MOSAIC_MIN_PAGES) how hyquant's ~8 us a layer over bf16 divide between its launches.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -30,8 +31,8 @@ elif [ "${PART:-a}" = b ]; then
     echo "$prefix rc=$?"; grep -E "^ +[0-9]+ " "$OUT/step_ablation_s46_$prefix.log"
   done
 else
-  XLA_FLAGS=--xla_enable_command_buffers_during_profiling=true PYTHONPATH=. timeout 280 python3 \
-    benchmarks/profile_e2e.py --out "$OUT" --name profile_graphs_s46 --methods bf16,hyquant --prefixes 32768 \
+  XLA_FLAGS=--xla_enable_command_buffers_during_profiling=true PYTHONPATH=. timeout 500 python3 \
+    benchmarks/profile_e2e.py --out "$OUT" --name profile_graphs_s46 --methods bf16,hyquant --prefixes 1024,32768 \
     --steps 16 --top 30 --dump-events > "$OUT/profile_graphs_s46.log" 2>&1
   echo "profile rc=$?"; grep "==" "$OUT/profile_graphs_s46.log"; ls -la "$OUT"
 fi
