@@ -296,6 +296,22 @@ def test_profile_e2e_takes_probe_variants_and_dumps_events_in_order(tmp_path):
     assert got["events"] == [["a", 3, 0.0, 2.0], ["b", 4, 5.5, 1.0]]
 
 
+def test_layer_timeline_offsets_of_each_layers_launches():
+    """benchmarks/layer_timeline.py: per Mosaic launch, the offsets of the same layer's RoPE, Triton and merge
+    kernels (us), whatever order the rows come in; a launch without its neighbours is left out."""
+    from benchmarks import layer_timeline as lt
+
+    layer = [[lt.ROPE, 1, 0.0, 2.0], [lt.MOSAIC, 2, 3.0, 20.0], [lt.TRITON, 3, 14.0, 18.0],
+             [lt.MERGE, 1, 32.5, 3.0], ["gemm", 1, 36.0, 10.0]]
+    events = [[n, s, t + 100.0 * k, d] for k in range(3) for n, s, t, d in layer]
+    events.append([lt.MOSAIC, 2, 400.0, 5.0])  # no RoPE kernel or merge near it
+    rows = lt.layer_offsets(events[::-1])
+    assert len(rows) == 3
+    assert rows[0] == {"rope_end_to_mosaic": 1.0, "mosaic_us": 20.0, "triton_start_after_mosaic_start": 11.0,
+                       "triton_us": 18.0, "triton_end_after_mosaic_end": 9.0, "merge_gap": 0.5}
+    assert lt.summary(rows)["layers"] == 3 and lt.summary([]) == {"layers": 0}
+
+
 def test_mosaic_ablation_variants_apply_to_the_kernel_and_lower(tmp_path):
     """Every ablation of benchmarks/mosaic_ablation_variants.py still finds what it edits in the kernel's module
     (it raises otherwise), and the variants that restructure the loop or the copies lower for CUDA."""
