@@ -11,11 +11,18 @@
 #     bash benchmarks/prepare_patched_tree.sh decode_after_queries
 #   and carry .gpu_run. (In the session's call the patch was the working tree and main the carried one, in the
 #   same order: patch with bf16, main, patch, main.)
+# Call 5 (PART=loops): the loop variants at 1K (results/step_ablation_loops_s46.{json,log}).
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-if [ "${PART:-order}" = profile ]; then
+if [ "${PART:-order}" = loops ]; then
+  PYTHONPATH=. timeout 175 python3 benchmarks/step_ablation_probe.py --out "$OUT" --name step_ablation_loops_s46 \
+    --prefixes 1024 --steps 64 --reps 3 \
+    --variants bf16_static,bf16_static_nested,bf16_static_nested_carry,static_flat,static,bf16_static_nested \
+    > "$OUT/step_ablation_loops_s46.log" 2>&1
+  echo "rc=$?"; grep -E "^ +[0-9]+ " "$OUT/step_ablation_loops_s46.log"
+elif [ "${PART:-order}" = profile ]; then
   XLA_FLAGS=--xla_enable_command_buffers_during_profiling=true PYTHONPATH=. timeout 470 python3 \
     benchmarks/profile_e2e.py --out "$OUT" --name profile_static_s46 --methods bf16_static,static_flat,static,hyquant \
     --prefixes 32768 --steps 16 --top 30 --dump-events > "$OUT/profile_static_s46.log" 2>&1
