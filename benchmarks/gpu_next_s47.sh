@@ -11,6 +11,10 @@
 # PART=b (~6 min): the B=1 ratio at 32K with calls of 64 and of 256 steps, bf16 and hyquant in one process per
 #   call length. A user's `generate` call decodes its max_new_tokens in one call; the README reports the step
 #   time of 64-step calls.
+# PART=c (~3 min): XLA's command-buffer log of the same 1K variants (64-step calls): whether each call updates
+#   (re-records) the decode's one CUDA graph and for how long (`vlog_command_buffers.py` counts the
+#   "Updated command buffer ... num_commands=N" lines per variant; session 34's host loops updated only small
+#   graphs, session 37's log of the device loops had no such line at this verbosity).
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -23,6 +27,12 @@ if [ "${PART:-a}" = a ]; then
       > "$OUT/step_ablation_calls_$steps.log" 2>&1
     echo "$steps rc=$?"; grep -E "^ +[0-9]+ " "$OUT/step_ablation_calls_$steps.log"
   done
+elif [ "${PART:-a}" = c ]; then
+  TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=command_buffer_thunk=3,while_thunk=3,command_buffer_cmd=3 PYTHONPATH=. \
+    timeout 240 python3 benchmarks/step_ablation_probe.py --out "$OUT" --name step_ablation_vlog_s47 --prefixes 1024 \
+    --steps 64 --reps 3 --variants bf16_static_nested_carry,static > "$OUT/step_ablation_vlog_s47.txt" 2>&1
+  echo "rc=$?"; python3 benchmarks/vlog_command_buffers.py "$OUT/step_ablation_vlog_s47.txt" | tee "$OUT/step_ablation_vlog_s47_summary.txt" | head -40
+  gzip "$OUT/step_ablation_vlog_s47.txt"
 else
   for steps in 64 256; do
     PYTHONPATH=. timeout 250 python3 benchmarks/e2e.py --out "$OUT" --name e2e_calls_$steps --sections b1 \
