@@ -188,7 +188,7 @@ def main():
         d = _load(args.results, name)
         if d:
             print(f"{name}:\n\n{prefill_table(d)}\n")
-    for name in ("e2e_token_slot_s44.json", "e2e_blocks_per_sm_s44.json", "e2e_fused_qkv_s43.json", "e2e_query_prep_s43.json", "e2e_token_split_s42.json", "e2e_s42_b1.json", "e2e_bf16_attend_first_s42.json",
+    for name in ("e2e_after_queries_s46.json", "e2e_token_slot_s44.json", "e2e_blocks_per_sm_s44.json", "e2e_fused_qkv_s43.json", "e2e_query_prep_s43.json", "e2e_token_split_s42.json", "e2e_s42_b1.json", "e2e_bf16_attend_first_s42.json",
                  "e2e_mosaic_threshold_s42.json", "e2e_after_operand_s41.json",
                  "e2e_after_operand_reversed_s41.json", "e2e_merge_packed_s40.json"):  # gpu_e2e_variants.sh: one b1 table per source tree
         d = _load(args.results, name)
@@ -197,7 +197,7 @@ def main():
                 env = v["environment"]
                 print(f"{name}, tree {v['tree']}: {env['device']}, jax {env['jax']}, {env['date'][:10]}\n")
                 print(e2e_b1_table(v), "\n")
-    for name in ("e2e_s44_b1.json", "e2e_s44_batch_jit_init.json", "e2e_s44_batch_bf16_jit_init.json",
+    for name in ("e2e_s46_b1.json", "e2e_s44_b1.json", "e2e_s44_batch_jit_init.json", "e2e_s44_batch_bf16_jit_init.json",
                  "e2e_s44_batch_hyquant.json", "e2e_s44_batch_bf16.json", "e2e_s43_b1.json", "e2e_s40_batch_bf16.json", "e2e_s40_batch_hyquant.json", "e2e_s39_b1.json",
                  "e2e_s39_stop_token.json", "e2e_h200_s37.json", "e2e_h200_s33.json",
                  "e2e_h200_s31.json", "e2e_h200_s29.json", "e2e_h200_s27.json", "e2e_h200_s26.json", "e2e_h200.json",
