@@ -298,13 +298,13 @@ def test_profile_e2e_takes_probe_variants_and_dumps_events_in_order(tmp_path):
 
 def test_layer_timeline_offsets_of_each_layers_launches():
     """benchmarks/layer_timeline.py: per Mosaic launch, the offsets of the same layer's RoPE, Triton and merge
-    kernels (us), whatever order the rows come in; a launch without its neighbours is left out."""
+    kernels (us), whatever order the rows come in; a launch without a merge after it is left out."""
     from benchmarks import layer_timeline as lt
 
     layer = [[lt.ROPE, 1, 0.0, 2.0], [lt.MOSAIC, 2, 3.0, 20.0], [lt.TRITON, 3, 14.0, 18.0],
              [lt.MERGE, 1, 32.5, 3.0], ["gemm", 1, 36.0, 10.0]]
     events = [[n, s, t + 100.0 * k, d] for k in range(3) for n, s, t, d in layer]
-    events.append([lt.MOSAIC, 2, 400.0, 5.0])  # no RoPE kernel or merge near it
+    events.append([lt.MOSAIC, 2, 400.0, 5.0])  # no merge after it
     rows = lt.layer_offsets(events[::-1])
     assert len(rows) == 3
     assert rows[0] == {"rope_end_to_mosaic": 1.0, "mosaic_us": 20.0, "triton_start_after_mosaic_start": 11.0,
