@@ -14,7 +14,9 @@
 # PART=c (~3 min): XLA's command-buffer log of the same 1K variants (64-step calls): whether each call updates
 #   (re-records) the decode's one CUDA graph and for how long (`vlog_command_buffers.py` counts the
 #   "Updated command buffer ... num_commands=N" lines per variant; session 34's host loops updated only small
-#   graphs, session 37's log of the device loops had no such line at this verbosity).
+#   graphs, session 37 logged the device loops at command_buffer_thunk=2, which hides them). XLA re-records a
+#   command buffer when a buffer address its commands use changed (NOTES, session 46), and each timed call
+#   passes new `first` / `lengths` arrays and gets new output buffers.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
