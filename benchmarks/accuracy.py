@@ -840,9 +840,9 @@ def generate_batches(params, model_cfg, tokenizer, samples, methods, cache_dtype
                 first = jnp.argmax(logits, axis=-1).astype(jnp.int32)
                 for name, att in members:
                     states = decode_states(att, kvs, lengths, length + max_new)
-                    out, count, *_ = decode(params, states, first, lengths, jax.random.PRNGKey(0), config=model_cfg,
-                                            attention=att, sampling=SamplingConfig(), max_new_tokens=max_new,
-                                            eos_ids=eos, pad_id=pad)
+                    _, out, count, *_ = decode(params, states, first, lengths, jax.random.PRNGKey(0), config=model_cfg,
+                                               attention=att, sampling=SamplingConfig(), max_new_tokens=max_new,
+                                               eos_ids=eos, pad_id=pad)
                     out, count = np.asarray(out), np.asarray(count)
                     for r, j in enumerate(chunk):
                         outputs[name][j] = out[r, :count[r]].tolist()

@@ -342,7 +342,7 @@ def _decode_config(args, params, config, attention, method, prefix, batch, mesh=
                   layer_kernels=args.layer_kernels)
     kv_start = kv_cache_bytes(attention, states, np.asarray(lengths))
     t0 = time.perf_counter()
-    out, _, states, lengths, n = decode(params, states, first, lengths, key, **static)
+    states, out, _, lengths, n = decode(params, states, first, lengths, key, **static)
     jax.block_until_ready(out)
     compile_s = time.perf_counter() - t0
     times, kept = [], None
@@ -352,7 +352,7 @@ def _decode_config(args, params, config, attention, method, prefix, batch, mesh=
             kept = states  # alive through this call, so the copies cannot take its addresses
             states = jax.block_until_ready(jax.tree_util.tree_map(jnp.copy, states))
         t0 = time.perf_counter()
-        out, _, states, lengths, n = decode(params, states, first, lengths, key, **static)
+        states, out, _, lengths, n = decode(params, states, first, lengths, key, **static)
         jax.block_until_ready(out)
         times.append(time.perf_counter() - t0)
     assert int(n) == steps, (int(n), steps)

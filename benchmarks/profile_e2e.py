@@ -43,9 +43,9 @@ def profile_config(args, params, config, attention, method, prefix, batch) -> di
     static = dict(config=config, attention=attention, sampling=SamplingConfig(), max_new_tokens=args.steps + 1,
                   eos_ids=(), pad_id=0, layer_kernels=args.layer_kernels)
     states_shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), states)
-    out, _, states, lengths, _ = decode(params, states, first, lengths, key, **static)
+    states, out, _, lengths, _ = decode(params, states, first, lengths, key, **static)
     jax.block_until_ready(out)
-    (out, _, states, lengths, n), wall, events = profiled(
+    (states, out, _, lengths, n), wall, events = profiled(
         lambda: jax.block_until_ready(decode(params, states, out[:, -1], lengths, key, **static)))
     steps = int(n)
     del states

@@ -253,8 +253,14 @@ def decode(params: Params, states: tuple, first: jax.Array, lengths: jax.Array, 
     lengths: int32 [B] tokens already cached (prompt lengths).
     layer_kernels: how each step's norms and RoPE run (`models.transformer.layer_kernels`; None: the
     attention's choice, "auto" by default: the Pallas kernels on a GPU where the shapes fit).
-    Returns (tokens int32 [B, max_new_tokens], generated counts int32 [B],
-    states, cache lengths int32 [B], steps taken int32 []).
+    Returns (states, tokens int32 [B, max_new_tokens], generated counts int32 [B], cache lengths int32 [B],
+    steps taken int32 []).
+
+    The states come first so that each state array keeps its buffer from call to call: jit gives each output,
+    in order, the buffer of the first unused donated input of the same shape and dtype. With the int32 [B]
+    counts ahead of them, the counts took the first int32 [B] counter of the hybrid cache, that counter the
+    next one's buffer, and so on, so every such counter moved on every call; on the GPU each moved buffer
+    makes XLA re-record the commands of the loop's CUDA graph that use it before the call runs.
     """
     b = first.shape[0]
     out = jnp.full((b, max_new_tokens), pad_id, jnp.int32).at[:, 0].set(first)
@@ -295,7 +301,7 @@ def decode(params: Params, states: tuple, first: jax.Array, lengths: jax.Array, 
     # Whether the implementation can say so (the count traced here is unused and compiled away).
     skips = steps_until_begin(attention, states, DecodeContext(lengths, active)) is not None
     step, out, _, positions, _, count, states = jax.lax.while_loop(cond, run_of_steps if skips else body, carry)
-    return out, count, states, positions, step - 1
+    return states, out, count, positions, step - 1
 
 
 def decode_with_options(compiler_options: dict[str, str]):
@@ -386,7 +392,7 @@ def generate(params: Params, config: ModelConfig, prompts: Sequence[Sequence[int
     decode_fn = decode.lower(params, states, first, lengths_j, key, **dec).compile()
     compile_s += time.perf_counter() - t0
     t0 = time.perf_counter()
-    out, count, states, positions, steps = decode_fn(params, states, first, lengths_j, key)
+    states, out, count, positions, steps = decode_fn(params, states, first, lengths_j, key)
     out = host(out)
     decode_s = time.perf_counter() - t0
     return GenerateResult(tokens=out, lengths=host(count), cache_lengths=host(positions),

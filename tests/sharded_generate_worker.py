@@ -114,7 +114,7 @@ def _manual(kind: str, mesh, chunk: int):
     max_len = int(tokens.shape[1]) + NEW_TOKENS
     first, _, states = prefill(params, tokens, lengths, key, chunk=chunk, max_len=max_len, **static)
     layout = _check_layout(states, mesh)
-    out, _, new_states, _, _ = decode(params, states, first, lengths, key, max_new_tokens=NEW_TOKENS, eos_ids=(),
+    new_states, out, _, _, _ = decode(params, states, first, lengths, key, max_new_tokens=NEW_TOKENS, eos_ids=(),
                                       pad_id=0, **static)
     donated = all(x.is_deleted() for x in jax.tree_util.tree_leaves(states))
     return np.asarray(out), layout or _check_layout(new_states, mesh), donated

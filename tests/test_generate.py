@@ -179,6 +179,32 @@ def test_decode_donates_the_cache(params, prompts):
     assert all(x.is_deleted() for x in leaves)
 
 
+@pytest.mark.parametrize("kind", ["bf16", "hyquant", "kivi4", "uniform4"])
+def test_decode_updates_each_state_in_its_own_buffer(params, prompts, kind):
+    """Calling decode on the states it returned keeps every state array at the address it came in (the
+    serving pattern: e2e.py's timed calls). jit gives each output, in output order, the buffer of the first
+    unused donated input of its shape and dtype; when the int32 [B] counts came before the states, the
+    quantized caches' int32 [B] counters moved to each other's buffers on every call (bf16's state has no
+    such arrays), and on the GPU every moved buffer re-records the loop graph's commands that use it."""
+    attn = make_attention(kind, SMALL_HQ)
+    static = dict(config=CONFIG, attention=attn, sampling=SamplingConfig())
+    tokens, lengths = pad_prompts(prompts)
+    key = jax.random.PRNGKey(0)
+    first, _, states = prefill(params, jnp.asarray(tokens), jnp.asarray(lengths), key, chunk=2048,
+                               max_len=tokens.shape[1] + 40, **static)
+    positions = jnp.asarray(lengths)
+    addresses = None
+    for _ in range(3):
+        states, out, _, positions, _ = decode(params, states, first, positions, key, max_new_tokens=9, eos_ids=(),
+                                              pad_id=0, **static)
+        first = out[:, -1]
+        now = [x.unsafe_buffer_pointer() for x in jax.tree_util.tree_leaves(states)]
+        assert addresses is None or now == addresses, kind
+        addresses = now
+    assert any(x.dtype == jnp.int32 and x.shape == (len(prompts),) for x in jax.tree_util.tree_leaves(states)) \
+        or kind == "bf16"  # the quantized caches hold the int32 [B] counters this is about
+
+
 @dataclasses.dataclass(frozen=True)
 class _FlushEveryStep(HybridAttention):
     """HybridAttention as a decode loop without `steps_until_begin` sees it: the flush branch every step."""
@@ -214,7 +240,7 @@ def test_runs_of_steps_equal_a_flush_check_every_step(params, prompts, kind):
                                        max_len=tokens.shape[1] + 48, **static)
             results.append(decode(params, states, first, jnp.asarray(lengths), key, max_new_tokens=40,
                                   eos_ids=eos_ids, pad_id=0, **static))
-        (out, count, states, pos, steps), (out2, count2, states2, pos2, steps2) = results
+        (states, out, count, pos, steps), (states2, out2, count2, pos2, steps2) = results
         assert np.array_equal(out, out2) and np.array_equal(count, count2) and np.array_equal(pos, pos2)
         assert int(steps) == int(steps2)
         assert int(states[0].num_pages.max()) > 0  # blocks were flushed during decode
@@ -233,8 +259,8 @@ def test_prefill_and_decode_run_inside_a_callers_jit(params, prompts):
     def both(params, tokens, lengths, key):
         first, _, states = prefill(params, tokens, lengths, key, chunk=2048, max_len=tokens.shape[1] + 24,
                                    **static)
-        out, count, *_ = decode(params, states, first, lengths, key, max_new_tokens=20, eos_ids=(), pad_id=0,
-                                **static)
+        _, out, count, *_ = decode(params, states, first, lengths, key, max_new_tokens=20, eos_ids=(), pad_id=0,
+                                   **static)
         return out, count
 
     args = (params, jnp.asarray(tokens), jnp.asarray(lengths), jax.random.PRNGKey(3))
