@@ -1,4 +1,6 @@
 #!/bin/bash
+# Not run: session 47 had no GPU. Superseded by gpu_next_s48.sh (its PART=d is PART=a here; its PART=a logs the
+# command-buffer updates of PART=c here, for the fix of session 47 and the old output order side by side).
 # Prepared in session 46 for the next GPU session; one H200 call each, no carried trees needed.
 # Session 46 (benchmarks/NOTES.md) put ~0.2 ms of hyquant's B=1 step in the hybrid cache's loops and carried
 # state: at 1K static (nested device loops, hybrid state, no attention) 4.264 ms a step against 4.182 for bf16

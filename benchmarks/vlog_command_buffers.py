@@ -3,7 +3,8 @@ graph was updated (`Updated command buffer in X us; num_commands=N`) and the `ne
 log message; and the while loops: how often a condition was evaluated on the host (each a read-back the host
 waits for) and how each loop was set up (trip count, body as a graph or not).
 
-The log comes from a run with TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=command_buffer_thunk=3,while_thunk=3, e.g.
+The log comes from a run with TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=command_buffer_thunk=3,while_thunk=3 (add
+command_buffer_cmd_executor=3 for the commands each update skipped), e.g.
   TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=command_buffer_thunk=3,while_thunk=3 PYTHONPATH=. python \
       benchmarks/step_ablation_probe.py --out $OUT --prefixes 32768 --steps 8 --reps 1 --variants bf16,hyquant \
       > $OUT/vlog.txt 2>&1
@@ -61,6 +62,21 @@ for cur, line in log_lines_by_variant():
         m = re.search(pattern, line)
         if m:
             loops[(cur, re.sub(r"\d+", "#", m.group(0))[:150])] += 1
+# per variant: the updates' changed-allocation counts ("Update command buffer ... updated_allocs=N", logged
+# before each re-record) and the commands a re-record skipped because none of their buffers moved ("Skip
+# updating command", where this XLA logs it)
+changed, skipped = collections.defaultdict(list), collections.Counter()
+for cur, line in log_lines_by_variant():
+    m = re.search(r"Update command buffer on device.*num_commands=(\d+); updated_allocs=(\d+)", line)
+    if m:
+        changed[cur].append((int(m.group(1)), int(m.group(2))))
+    if "Skip updating command" in line:
+        skipped[cur] += 1
+for variant, rows in changed.items():
+    big = [r for r in rows if r[0] > 2]
+    print(f"{variant:>22} updates={len(rows)} (of graphs with >2 commands: {len(big)}), updated_allocs "
+          f"median={statistics.median(a for _, a in rows)} max={max(a for _, a in rows)}; "
+          f"skipped commands={skipped[variant]}")
 for (variant, msg), (n, total) in sorted(timed.items(), key=lambda kv: -kv[1][1])[:40]:
     print(f"{variant:>22} n={n:>5} total_us={total:>9} {msg}")
 for (variant, msg), n in sorted(loops.items()):
