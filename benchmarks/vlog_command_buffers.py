@@ -48,9 +48,13 @@ def log_lines_by_variant():
 
 # every timed log message ("... in N us ..."), per variant: count and total; and the host-driven loops: per
 # variant, how often a while loop's condition was evaluated on the host (one read-back and host wait each) and
-# how each while loop was set up (trip count, whether its body runs as a graph)
+# how each while loop was set up (trip count, whether its body runs as a graph); and the updates'
+# changed-allocation counts ("Update command buffer ... updated_allocs=N", logged before each re-record) and the
+# commands a re-record skipped because none of their buffers moved ("Skip updating command", where this XLA
+# logs it)
 timed = collections.defaultdict(lambda: [0, 0])
 loops = collections.Counter()
+changed, skipped = collections.defaultdict(list), collections.Counter()
 for cur, line in log_lines_by_variant():
     m = re.search(r"\] (.*?) in (\d+) .s(.*)", line)
     if m:
@@ -62,11 +66,6 @@ for cur, line in log_lines_by_variant():
         m = re.search(pattern, line)
         if m:
             loops[(cur, re.sub(r"\d+", "#", m.group(0))[:150])] += 1
-# per variant: the updates' changed-allocation counts ("Update command buffer ... updated_allocs=N", logged
-# before each re-record) and the commands a re-record skipped because none of their buffers moved ("Skip
-# updating command", where this XLA logs it)
-changed, skipped = collections.defaultdict(list), collections.Counter()
-for cur, line in log_lines_by_variant():
     m = re.search(r"Update command buffer on device.*num_commands=(\d+); updated_allocs=(\d+)", line)
     if m:
         changed[cur].append((int(m.group(1)), int(m.group(2))))
