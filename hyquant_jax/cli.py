@@ -38,6 +38,16 @@ def _config(args) -> HyQuantConfig:
                          promote_flushed=not args.no_promote, **extra)
 
 
+class _DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" to an option's help unless X is None or False (flags, options whose help already
+    says what happens without them) or the help already names its default."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hyquant", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -59,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser(
         "generate", help="generate text with a real model through the HyQuant KV cache",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_DefaultsHelpFormatter,
         description="Load a checkpoint (default: SmolLM2-135M-Instruct), wrap the prompt in its chat template, "
                     "generate with the chosen KV cache (HyQuant by default) and print the text, tokens/s, the "
                     "KV-cache bytes (bf16 vs the chosen cache) and the share of generated tokens identical to a "

@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +34,25 @@ def test_generate_help_explains_every_option():
     for action in parser._actions:
         if action.option_strings and action.dest != "help":
             assert action.help, f"{action.option_strings} has no help text"
+
+
+def test_generate_help_states_each_default_once(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "2000")  # no wrapped words
+    parser = _subparser("generate")
+    text = parser.format_help()
+    assert "(default: None)" not in text and "(default: False)" not in text
+    entries = {}  # option -> its help entry (the option line and, for long options, the next one)
+    for entry in re.split(r"\n(?=  -)", text):
+        entries[entry.split()[0]] = " ".join(entry.split())
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        line = entries[action.option_strings[0]]
+        named = "default" in action.help
+        appended = action.default is not None and action.default is not False and not named
+        assert line.count("(default:") == int(named or appended), line
+        if appended:
+            assert line.endswith(f"(default: {action.default})"), line  # falsy numbers such as 0 stay
 
 
 def test_generate_on_a_tiny_gguf(tiny_gguf, tmp_path, capsys):
