@@ -149,6 +149,10 @@ def parse_args(argv=None):
                    help="give every timed loop a copy of the states in new buffers (the previous ones kept "
                         "alive), as each request's prefill gives `generate` new caches: XLA then updates its "
                         "CUDA graphs for new addresses in every timed call")
+    p.add_argument("--in-place", action="store_true",
+                   help="time `generate.decode_in_place` (first, lengths and the previous call's tokens and step "
+                        "count donated too) instead of `decode`: every buffer of a call, inputs and outputs, then "
+                        "stays where the previous call's was, as a server keeping its decode buffers would")
     p.add_argument("--mem-fraction", default="0.95", help="XLA_PYTHON_CLIENT_MEM_FRACTION of the workers")
     p.add_argument("--smoke", action="store_true", help="tiny model and prefixes: a CPU check that the script runs")
     p.add_argument("--no-plot", action="store_true")
@@ -323,7 +327,7 @@ def _decode_config(args, params, config, attention, method, prefix, batch, mesh=
     import numpy as np
 
     from hyquant_jax import SamplingConfig, kv_cache_bytes
-    from hyquant_jax.generate import decode
+    from hyquant_jax.generate import decode, decode_in_place, last_tokens
     from hyquant_jax.sharding import check_batch_fits, shard_bytes
 
     check_batch_fits(batch, _data_size(mesh))
@@ -340,24 +344,36 @@ def _decode_config(args, params, config, attention, method, prefix, batch, mesh=
     static = dict(config=config, attention=attention, sampling=SamplingConfig(), max_new_tokens=steps + 1,
                   eos_ids=(config.vocab_size,) if args.stop_token else (), pad_id=0,
                   layer_kernels=args.layer_kernels)
-    kv_start = kv_cache_bytes(attention, states, np.asarray(lengths))
+    kv_start = kv_cache_bytes(attention, states, np.asarray(jnp.copy(lengths)))  # a copy: lengths may be donated
+    out = n = None  # in place: the previous call's tokens and step count, whose buffers receive this call's
+    if args.in_place:
+        out = _put(jnp.zeros((batch, steps + 1), jnp.int32), mesh)
+        n = _put(jnp.zeros((), jnp.int32), mesh, batch_axis=False)
+
+    def call(states, first, lengths, out, n):
+        if args.in_place:
+            return decode_in_place(params, states, first, lengths, key, (out, n), **static)
+        return decode(params, states, first, lengths, key, **static)
+
     t0 = time.perf_counter()
-    states, out, _, lengths, n = decode(params, states, first, lengths, key, **static)
+    states, out, counts, lengths, n = call(states, first, lengths, out, n)
     jax.block_until_ready(out)
     compile_s = time.perf_counter() - t0
     times, kept = [], None
     for _ in range(args.reps):
-        first = out[:, -1]
+        first = last_tokens(out, counts) if args.in_place else out[:, -1]  # in place: in the counts' buffer
         if args.fresh_states:
             kept = states  # alive through this call, so the copies cannot take its addresses
             states = jax.block_until_ready(jax.tree_util.tree_map(jnp.copy, states))
         t0 = time.perf_counter()
-        states, out, _, lengths, n = decode(params, states, first, lengths, key, **static)
+        states, out, counts, lengths, n = call(states, first, lengths, out, n)
         jax.block_until_ready(out)
         times.append(time.perf_counter() - t0)
-    assert int(n) == steps, (int(n), steps)
-    temp = _temp_bytes(decode, (params, states, first, lengths, key), static)  # after the timing: a cache hit
-    kv_end = kv_cache_bytes(attention, states, np.asarray(lengths))
+    assert int(jnp.copy(n)) == steps, (int(jnp.copy(n)), steps)
+    # after the timing, on arrays alive now (in place, first was donated; counts has its shape): a cache hit
+    temp = _temp_bytes(decode_in_place if args.in_place else decode,
+                       (params, states, counts, lengths, key) + (((out, n),) if args.in_place else ()), static)
+    kv_end = kv_cache_bytes(attention, states, np.asarray(jnp.copy(lengths)))
     step_s = statistics.median(times) / steps
     devices = len(_devices(mesh))
     weights = shard_bytes(params) - shard_bytes(params.embed)  # per device (the whole model on one device)

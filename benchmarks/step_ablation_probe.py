@@ -279,6 +279,8 @@ def main(argv=None) -> None:
             row_args = copy.copy(args)
             row_args.stop_token = args.stop_token or "stop" in mods
             mode = next((m for m in ("host", "device") if m in mods), None)
+            if mode and args.in_place:
+                raise SystemExit(f"{name}: @host / @device force `generate.decode`; --in-place times decode_in_place")
             generate.decode = forced[mode] if mode else default_decode  # e2e reads it per call
             try:
                 row = e2e._guarded(lambda: e2e._decode_config(row_args, params, config, attention_for(base, hybrid),

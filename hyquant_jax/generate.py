@@ -220,11 +220,12 @@ DECODE_JIT = dict(static_argnames=("config", "attention", "sampling", "max_new_t
 
 class _DecodeJit:
     """`decode` as two top-level jits, with host-driven or device-side loops (`uses_device_loops` of the call's
-    attention and eos_ids picks one); each compiles on first use."""
+    attention and eos_ids picks one); each compiles on first use. jit_kwargs: `DECODE_JIT` by default."""
 
-    def __init__(self, fn, xla_flags: str):
-        self.host = _TopLevelJit(fn, decode_compiler_options(xla_flags), **DECODE_JIT)
-        self.device = _TopLevelJit(fn, decode_compiler_options(xla_flags, device_loops=True), **DECODE_JIT)
+    def __init__(self, fn, xla_flags: str, **jit_kwargs):
+        jit_kwargs = jit_kwargs or DECODE_JIT
+        self.host = _TopLevelJit(fn, decode_compiler_options(xla_flags), **jit_kwargs)
+        self.device = _TopLevelJit(fn, decode_compiler_options(xla_flags, device_loops=True), **jit_kwargs)
         functools.update_wrapper(self, fn)
 
     def _pick(self, kwargs):
@@ -304,10 +305,49 @@ def decode(params: Params, states: tuple, first: jax.Array, lengths: jax.Array, 
     return states, out, count, positions, step - 1
 
 
+_decode_loop = decode.__wrapped__  # the traced function, for the other jits of it below
+
+
+def _decode_in_place(params: Params, states: tuple, first: jax.Array, lengths: jax.Array, key: jax.Array,
+                     previous: tuple, **static):
+    """`decode` for callers that call it again and again (a server decoding in chunks, the benchmarks): every
+    output takes the buffer of a donated input, so chained calls keep every buffer in place.
+
+        states, tokens, counts, lengths, steps = decode_in_place(params, states, first, lengths, key,
+                                                                 (tokens, steps), **static)
+        first = last_tokens(tokens, counts)
+
+    Arguments and results are `decode`'s, plus previous = the previous call's (tokens int32 [B, max_new_tokens],
+    steps int32 []) (zeros of those shapes before a first call), of which only the buffers are used. states,
+    first, lengths and previous are donated (deleted by the call): the states come back in their own buffers,
+    the tokens and step count in previous', the counts in first's and the cache lengths in lengths'.
+    `last_tokens` then puts the next call's first tokens into the counts' buffer.
+
+    Why: on the GPU, XLA runs the decode as CUDA graphs and, before a call runs, re-records the commands of a
+    graph whose buffers moved (with the hybrid cache's device-side loops, commands inside the loop bodies).
+    `decode` gives its outputs new buffers on every call (the caller still holds the previous ones) and reads
+    first and lengths wherever the caller made them.
+    """
+    del previous  # only its buffers are used: they receive this call's tokens and step count
+    return _decode_loop(params, states, first, lengths, key, **static)
+
+
+decode_in_place = _DecodeJit(
+    _decode_in_place, os.environ.get("XLA_FLAGS", ""), static_argnames=DECODE_JIT["static_argnames"],
+    donate_argnames=("states", "first", "lengths", "previous"), keep_unused=True)  # jit drops unused inputs
+
+
+@partial(jax.jit, donate_argnames=("counts",))
+def last_tokens(tokens: jax.Array, counts: jax.Array) -> jax.Array:
+    """Each sequence's last generated token, tokens[b, counts[b] - 1] (counts >= 1, as `decode` returns them),
+    int32 [B] in the buffer of `counts` (donated): the next `decode_in_place` call's `first` takes it again."""
+    return jnp.take_along_axis(tokens, jnp.maximum(counts - 1, 0)[:, None], axis=1)[:, 0]
+
+
 def decode_with_options(compiler_options: dict[str, str]):
     """`decode` compiled with these XLA options instead of `decode_compiler_options`' (benchmarks compare
     options in one process with it)."""
-    return _TopLevelJit(decode.__wrapped__, compiler_options, **DECODE_JIT)
+    return _TopLevelJit(_decode_loop, compiler_options, **DECODE_JIT)
 
 
 def check_capacity(lengths: np.ndarray, padded_len: int, max_new_tokens: int, max_len: int | None,

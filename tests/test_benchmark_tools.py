@@ -1,6 +1,7 @@
 """Helpers of the benchmark scripts that turn arguments and results into what they report."""
 
 import os
+import sys
 
 import pytest
 
@@ -181,6 +182,41 @@ def test_e2e_stop_token_never_ends_the_timed_loops():
         row = e2e._decode_config(args, params, config, attention, method, 64, 1)
         assert row["step_ms"] > 0
         assert isinstance(row["decode_temp_bytes"], int) and row["decode_temp_bytes"] >= 0
+
+
+def test_e2e_in_place_times_decode_in_place(monkeypatch):
+    """e2e.py --in-place times `generate.decode_in_place` (every call's buffers where the previous call's were),
+    with and without a stop token; without the flag it times `decode`."""
+    import jax
+    import jax.numpy as jnp
+
+    import hyquant_jax  # noqa: F401 - imports the module hyquant_jax.generate (the package exports a function)
+    from benchmarks import e2e
+    from models import init_params
+
+    module = sys.modules["hyquant_jax.generate"]
+    calls = []
+    for name in ("decode", "decode_in_place"):
+        monkeypatch.setattr(module, name, _counting(getattr(module, name), name, calls))
+    config = e2e._model(e2e.parse_args(["--smoke"]))
+    params = init_params(jax.random.PRNGKey(0), config, jnp.bfloat16)
+    for flags in (["--in-place"], ["--in-place", "--stop-token"], []):
+        args = e2e.parse_args(["--smoke", "--sections", "b1", *flags])
+        for method in ("bf16", "hyquant"):
+            calls.clear()
+            attention, _ = e2e._attention(args, method)
+            row = e2e._decode_config(args, params, config, attention, method, 64, 1)
+            assert row["step_ms"] > 0 and isinstance(row["decode_temp_bytes"], int)
+            assert calls == ["decode_in_place" if flags else "decode"] * (1 + args.reps), (flags, method, calls)
+
+
+def _counting(fn, name, calls):
+    def counted(*args, **kwargs):
+        calls.append(name)
+        return fn(*args, **kwargs)
+
+    counted.lower = fn.lower
+    return counted
 
 
 def test_e2e_workers_share_one_compilation_and_autotune_cache(monkeypatch, tmp_path):

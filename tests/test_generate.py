@@ -11,7 +11,8 @@ import pytest
 
 from hyquant_jax import HyQuantConfig
 from hyquant_jax.cache import capacities
-from hyquant_jax.generate import decode, generate, kv_cache_bytes, pad_prompts, prefill, shortest_prompt_bound
+from hyquant_jax.generate import (decode, decode_in_place, generate, kv_cache_bytes, last_tokens, pad_prompts, prefill,
+                                  shortest_prompt_bound)
 from hyquant_jax.model_attention import HybridAttention, make_attention
 from hyquant_jax.sampling import SamplingConfig, sample
 from models import BF16Attention, ModelConfig, init_params
@@ -203,6 +204,55 @@ def test_decode_updates_each_state_in_its_own_buffer(params, prompts, kind):
         addresses = now
     assert any(x.dtype == jnp.int32 and x.shape == (len(prompts),) for x in jax.tree_util.tree_leaves(states)) \
         or kind == "bf16"  # the quantized caches hold the int32 [B] counters this is about
+
+
+def _host_copy(tree):
+    """NumPy values of device copies: on the CPU an array read to the host keeps a view of its buffer, which
+    then cannot be donated (the donating call copies it instead)."""
+    return jax.tree_util.tree_map(lambda x: np.asarray(jnp.copy(x)), tree)
+
+
+@pytest.mark.parametrize("kind", ["bf16", "hyquant"])
+def test_decode_in_place_keeps_every_buffer_and_equals_decode(params, prompts, kind):
+    """Chained `decode_in_place` calls (with `last_tokens` between them) give `decode`'s tokens, counts, cache
+    lengths, steps and states, and from the second call on every input and output array of a call sits where
+    the previous call's did: the states, first, lengths, tokens, counts and steps (plain `decode` gives its
+    outputs new buffers while the caller holds the previous ones)."""
+    attn = make_attention(kind, SMALL_HQ)
+    static = dict(config=CONFIG, attention=attn, sampling=SamplingConfig(), max_new_tokens=9, eos_ids=(),
+                  pad_id=0)
+    tokens, lengths = pad_prompts(prompts)
+    key = jax.random.PRNGKey(0)
+
+    def start():
+        first, _, states = prefill(params, jnp.asarray(tokens), jnp.asarray(lengths), key, chunk=2048,
+                                   max_len=tokens.shape[1] + 40, config=CONFIG, attention=attn,
+                                   sampling=SamplingConfig())
+        return states, first, jnp.asarray(lengths)
+
+    states, first, positions = start()
+    want = []
+    for _ in range(3):
+        states, out, count, positions, steps = decode(params, states, first, positions, key, **static)
+        first = out[:, -1]
+        want.append(_host_copy((out, count, positions, steps, states)))
+
+    states, first, positions = start()
+    b = len(prompts)
+    out, steps = jnp.zeros((b, 9), jnp.int32), jnp.zeros((), jnp.int32)
+    addresses = []
+    for call in range(3):
+        if call:
+            first = last_tokens(out, count)
+        states, out, count, positions, steps = decode_in_place(params, states, first, positions, key, (out, steps),
+                                                               **static)
+        got = _host_copy((out, count, positions, steps, states))
+        for w, g in zip(jax.tree_util.tree_leaves(want[call]), jax.tree_util.tree_leaves(got)):
+            np.testing.assert_array_equal(g, w)
+        addresses.append([x.unsafe_buffer_pointer() for x in jax.tree_util.tree_leaves(
+            (states, out, count, positions, steps))])
+    assert addresses[1] == addresses[2], [i for i, (a, b) in enumerate(zip(*addresses[1:])) if a != b]
+    assert first.is_deleted()  # donated: the counts took its buffer
 
 
 @dataclasses.dataclass(frozen=True)
