@@ -328,7 +328,12 @@ def _decode_in_place(params: Params, states: tuple, first: jax.Array, lengths: j
     `decode` gives its outputs new buffers on every call (the caller still holds the previous ones) and reads
     first and lengths wherever the caller made them.
     """
-    del previous  # only its buffers are used: they receive this call's tokens and step count
+    tokens, steps = previous  # only their buffers are used: they receive this call's tokens and step count
+    want = ((first.shape[0], static["max_new_tokens"]), ())
+    if (tokens.shape, steps.shape) != want or tokens.dtype != jnp.int32 or steps.dtype != jnp.int32:
+        raise ValueError(f"previous must be (tokens int32 {list(want[0])}, steps int32 []) of the previous call "
+                         f"(zeros before a first call), got ({tokens.dtype} {list(tokens.shape)}, "
+                         f"{steps.dtype} {list(steps.shape)})")
     return _decode_loop(params, states, first, lengths, key, **static)
 
 

@@ -253,6 +253,9 @@ def test_decode_in_place_keeps_every_buffer_and_equals_decode(params, prompts, k
             (states, out, count, positions, steps))])
     assert addresses[1] == addresses[2], [i for i, (a, b) in enumerate(zip(*addresses[1:])) if a != b]
     assert first.is_deleted()  # donated: the counts took its buffer
+    first = last_tokens(out, count)
+    with pytest.raises(ValueError, match=r"previous must be \(tokens int32 \[3, 9\], steps int32 \[\]\)"):
+        decode_in_place(params, states, first, positions, key, (out[:, :8], steps), **static)
 
 
 @dataclasses.dataclass(frozen=True)
