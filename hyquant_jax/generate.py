@@ -79,7 +79,11 @@ def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0, bucket: int =
     t = padded_length(int(lengths.max()), bucket, chunk)
     tokens = np.full((len(prompts), t), pad_id, np.int32)
     for i, p in enumerate(prompts):
-        tokens[i, :len(p)] = np.asarray(p, np.int32)
+        ids = np.asarray(p)
+        if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"prompts[{i}] must be a flat sequence of integer token ids, got {ids.dtype} "
+                             f"{list(ids.shape)}")
+        tokens[i, :len(p)] = ids
     return tokens, lengths
 
 
