@@ -131,6 +131,7 @@ def prefill_attention(q, k, v, lengths, config: HyQuantConfig, backend: str = "a
     q: [B, Hq, T, D]; k, v: [B, Hkv, T, D]; lengths: int32 [B].
     Returns (out [B, Hq, T, D], (vl_idx, vl_count)) so Freeze can reuse the VL set.
     """
+    reference.check_prefill_shapes(q, k, v, lengths)
     q_tail = tail_queries(q, lengths, tail_query_count(config))
     vl = vertical_token_identification(q_tail, k, lengths, config, scale=scale)
     backend = prefill_backend(backend, q.shape[-1], config)

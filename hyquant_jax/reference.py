@@ -13,6 +13,7 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from hyquant_jax import quant
 from hyquant_jax.cache import (
@@ -236,14 +237,22 @@ def _prefill(q, k, v, lengths, is_vl, *, window, block, qk_format, hybrid, scale
 
 
 def check_prefill_shapes(q, k, v, lengths):
-    """Raise ValueError unless q is [B, Hq, T, D], k and v [B, Hkv, T, D] (Hq % Hkv == 0), lengths [B]."""
+    """Raise ValueError unless q is [B, Hq, T, D], k and v [B, Hkv, T, D] (Hq % Hkv == 0) of floating dtypes,
+    and lengths integer [B]; concrete lengths (not traced) must also lie in [0, T]."""
     if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape:
         raise ValueError(f"q must be [B, Hq, T, D] and k, v [B, Hkv, T, D]; got {q.shape}, {k.shape}, {v.shape}")
     b, hq, t, d = q.shape
     if k.shape[0] != b or k.shape[2] != t or k.shape[3] != d or hq % k.shape[1]:
         raise ValueError(f"k/v shape {k.shape} does not match q shape {q.shape} (GQA needs Hq % Hkv == 0)")
-    if lengths.shape != (b,):
-        raise ValueError(f"lengths must be int [B]={(b,)}, got {lengths.shape}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise ValueError(f"{name} must be a floating-point array, got {x.dtype}")
+    if lengths.shape != (b,) or not jnp.issubdtype(lengths.dtype, jnp.integer):
+        raise ValueError(f"lengths must be int [B]={(b,)}, got {lengths.dtype} {lengths.shape}")
+    if not isinstance(lengths, jax.core.Tracer):
+        values = np.asarray(lengths)
+        if values.min(initial=0) < 0 or values.max(initial=0) > t:
+            raise ValueError(f"lengths must lie in [0, T={t}], got {values.tolist()}")
 
 
 def hybrid_prefill_attention_reference(q, k, v, lengths, vl_idx, vl_count, config: HyQuantConfig,

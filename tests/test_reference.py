@@ -369,6 +369,28 @@ def test_prefill_rejects_bad_shapes():
         hybrid_prefill_attention_reference(z, z, z, ji32([8, 8]), idx, cnt, cfg)
 
 
+def test_prefill_attention_names_bad_arguments_before_any_work():
+    """The public entry point checks its arguments first (before VTI, whose errors would name internals)."""
+    cfg = config()
+    q, kv = jnp.zeros((2, 4, 8, 64)), jnp.zeros((2, 2, 8, 64))
+    lengths = ji32([8, 3])
+    cases = [
+        ((q[0], kv, kv, lengths), r"q must be \[B, Hq, T, D\]"),
+        ((q[:, :3], kv, kv, lengths), r"GQA needs Hq % Hkv == 0"),
+        ((q, kv[..., :32], kv, lengths), r"k, v \[B, Hkv, T, D\]"),
+        ((q, kv, kv, jnp.array([8.0, 3.0])), r"lengths must be int \[B\]=\(2,\), got float32"),
+        ((q, kv, kv, lengths[:1]), r"lengths must be int \[B\]=\(2,\), got int32 \(1,\)"),
+        ((q, kv, kv, ji32([9, 3])), r"lengths must lie in \[0, T=8\], got \[9, 3\]"),
+        ((q, kv, kv, ji32([8, -1])), r"lengths must lie in \[0, T=8\]"),
+        ((q.astype(jnp.int32), kv, kv, lengths), r"q must be a floating-point array, got int32"),
+    ]
+    for args, match in cases:
+        with pytest.raises(ValueError, match=match):
+            attention.prefill_attention(*args, cfg, backend="reference")
+    out, (idx, count) = attention.prefill_attention(q, kv, kv, ji32([0, 8]), cfg, backend="reference")
+    assert np.isfinite(np.asarray(out)).all() and not np.asarray(out)[0].any()  # an empty row: zeros, no NaN
+
+
 # --------------------------------------------------------------------------- attention.py entry points
 
 
