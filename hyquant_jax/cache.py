@@ -261,6 +261,16 @@ def ring_valid(cache: HybridKVCache) -> jax.Array:
     return age < cache.ring_len[:, None]
 
 
+def check_decode_query(q, cache: HybridKVCache) -> None:
+    """Raise ValueError unless q is a floating [B, Hq, D] query for `cache` (Hq a multiple of its KV heads)."""
+    if (q.ndim != 3 or q.shape[0] != cache.batch or q.shape[2] != cache.head_dim or q.shape[1] % cache.num_kv_heads
+            or not jnp.issubdtype(q.dtype, jnp.floating)):
+        raise ValueError(
+            f"q must be floating [B, Hq, D] with B={cache.batch}, D={cache.head_dim} and Hq a multiple of "
+            f"{cache.num_kv_heads}, got {q.dtype} {q.shape}"
+        )
+
+
 def check_cache(cache: HybridKVCache, config: HyQuantConfig) -> None:
     """Raise ValueError if the cache layout does not match the config."""
     d = cache.head_dim
@@ -338,6 +348,8 @@ def freeze(
     _check_kv(k, v, lengths)
     b, h, n, d = k.shape
     config.check_head_dim(d)
+    if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)):
+        raise ValueError(f"freeze: max_len must be an int (static capacity in tokens), got {max_len!r}")
     if max_len < n:
         raise ValueError(f"max_len={max_len} must be >= the prompt capacity N={n}")
     if isinstance(min_length, bool) or not isinstance(min_length, (int, np.integer)) or not 0 <= min_length <= max_len:
@@ -349,6 +361,9 @@ def freeze(
             raise ValueError(f"lengths must lie in [0, {n}], got {lens.tolist()}")
         if lens.size and lens.min() < min_length:
             raise ValueError(f"freeze: every length must be >= min_length={min_length}, got {lens.tolist()}")
+    if q_tail is None and vl is None:
+        raise ValueError("freeze needs q_tail (tail queries [B, H_q, T, D], `tail_queries`) to identify the VL "
+                         "tokens, or vl = (indices, count) from prefill")
     if vl is None:
         vl = vertical_token_identification(q_tail, k, lengths, config, scale=scale)
     return _freeze(k, v, lengths.astype(jnp.int32), vl[0], vl[1], config, max_len, min_length)

@@ -17,7 +17,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from hyquant_jax.cache import HybridKVCache, check_cache
+from hyquant_jax.cache import HybridKVCache, check_cache, check_decode_query
 from hyquant_jax.config import HyQuantConfig
 from pallas_kernels.decode import DecodeLayout, hybrid_decode_splits, merge_splits
 from pallas_kernels.decode_merge import merge_hybrid_splits
@@ -206,12 +206,8 @@ def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, interpret: 
     ring_size` of `cache`). `decode_step` takes it from the appended cache: the append advances `ring_len` in
     place, and a reader of the old value after it made XLA copy `ring_len` twice a layer and step.
     """
+    check_decode_query(q, cache)
     b, hq, d = q.shape
-    if b != cache.batch or d != cache.head_dim or hq % cache.num_kv_heads:
-        raise ValueError(
-            f"q must be [B, Hq, D] with B={cache.batch}, D={cache.head_dim} and Hq a multiple of "
-            f"{cache.num_kv_heads}, got {q.shape}"
-        )
     check_cache(cache, config)
     if new_token is not None:
         k, v, active = new_token

@@ -19,6 +19,7 @@ from hyquant_jax import quant
 from hyquant_jax.cache import (
     HybridKVCache,
     check_cache,
+    check_decode_query,
     dequantize_keys,
     dequantize_values,
     low_bit_valid,
@@ -110,11 +111,7 @@ def hybrid_decode_attention_reference(q, cache: HybridKVCache, config: HyQuantCo
     only: the kernel never materializes it). Returns (out [B, Hq, D] in
     q.dtype, lse float32 [B, Hq]).
     """
-    if q.ndim != 3 or q.shape[0] != cache.batch or q.shape[2] != cache.head_dim or q.shape[1] % cache.num_kv_heads:
-        raise ValueError(
-            f"q must be [B, Hq, D] with B={cache.batch}, D={cache.head_dim} and Hq a multiple of "
-            f"{cache.num_kv_heads}, got {q.shape}"
-        )
+    check_decode_query(q, cache)
     check_cache(cache, config)
     return _hybrid_decode(q, cache, config, scale)
 

@@ -9,6 +9,7 @@ exactly the set of all tokens of each sequence and head.
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -303,6 +304,10 @@ def test_freeze_rejects_bad_inputs():
         freeze(k, k, ji32([-1, 3]), q_tail, cfg, 64)
     with pytest.raises(ValueError, match="max_len"):
         freeze(k, k, ok, q_tail, cfg, 39)
+    with pytest.raises(ValueError, match="max_len must be an int"):
+        freeze(k, k, ok, q_tail, cfg, 64.0)
+    with pytest.raises(ValueError, match="needs q_tail"):
+        freeze(k, k, ok, None, cfg, 64)
     with pytest.raises(ValueError, match="head_dim"):
         freeze(jnp.zeros((2, 1, 40, 63)), jnp.zeros((2, 1, 40, 63)), ok, jnp.zeros((2, 2, 32, 63)), cfg, 64)
 
@@ -326,6 +331,13 @@ def test_append_and_decode_reject_mismatches():
         hybrid_decode_attention_reference(jnp.zeros((2, 3, 32)), h.cache, cfg)  # wrong head_dim
     with pytest.raises(ValueError, match="q must be"):
         hybrid_decode_attention_reference(jnp.zeros((1, 2, 64)), h.cache, cfg)  # wrong batch
+    from hyquant_jax import decode_kernel
+
+    for attend in (hybrid_decode_attention_reference, partial(decode_kernel.decode_attention, interpret=True)):
+        with pytest.raises(ValueError, match=r"q must be floating \[B, Hq, D\].*got int32 \(2, 2, 64\)"):
+            attend(jnp.zeros((2, 2, 64), jnp.int32), h.cache, cfg)
+        with pytest.raises(ValueError, match=r"q must be floating \[B, Hq, D\].*got float32 \(2, 2, 1, 64\)"):
+            attend(jnp.zeros((2, 2, 1, 64)), h.cache, cfg)  # a query axis of length 1
 
 
 def test_inactive_sequences_are_untouched():
