@@ -38,7 +38,7 @@ import numpy as np
 from hyquant_jax.sampling import SamplingConfig, sample
 from models.attention import DecodeContext, PrefillContext, begin_decode_step, steps_until_begin
 from models.config import ModelConfig
-from models.transformer import Params, forward
+from models.transformer import Params, check_params, forward
 
 
 @dataclasses.dataclass
@@ -410,6 +410,13 @@ def generate(params: Params, config: ModelConfig, prompts: Sequence[Sequence[int
     """
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    missing = [m for m in ("prefill_state", "prefill", "finish_prefill", "decode") if not hasattr(attention, m)]
+    if missing:
+        raise ValueError(f"attention must be an attention implementation (e.g. models.BF16Attention() or "
+                         f"hyquant_jax.make_attention('hyquant')), got {attention!r} without {missing}")
+    check_params(params, config)
+    if not isinstance(pad_id, (int, np.integer)) or not 0 <= pad_id < config.vocab_size:
+        raise ValueError(f"pad_id must be a token id in [0, {config.vocab_size}), got {pad_id!r}")
     eos = tuple(int(e) for e in (config.eos_token_ids if eos_ids is None else eos_ids))
     tokens, lengths = pad_prompts(prompts, pad_id, bucket, prefill_chunk)
     cap = check_capacity(lengths, tokens.shape[1], max_new_tokens, max_len, config)

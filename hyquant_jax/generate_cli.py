@@ -118,10 +118,7 @@ def _compute_dtype(name: str):
 def _prompts(args, tokenizer) -> list[str]:
     texts = list(args.prompt or [])
     for path in args.prompt_file or []:
-        p = Path(path)
-        if not p.is_file():
-            raise ValueError(f"--prompt-file {path} does not exist")
-        texts.append(p.read_text())
+        texts.append(Path(path).read_text())
     if not texts:
         texts = [default_prompt()]
     if args.raw or not tokenizer.chat_template:
@@ -147,6 +144,9 @@ def run_generate(args, config: HyQuantConfig, echo=print) -> dict:
 
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    for path in args.prompt_file or []:  # before the model loads (seconds for a large checkpoint)
+        if not Path(path).is_file():
+            raise ValueError(f"--prompt-file {path} does not exist")
     if getattr(args, "distributed", False):
         jax.distributed.initialize()
         if jax.process_index() != 0:

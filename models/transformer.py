@@ -75,7 +75,9 @@ class Params:
 
 
 def check_params(params: Params, config: ModelConfig) -> None:
-    """Raise ValueError if any weight's shape does not match the config."""
+    """Raise ValueError if any weight's shape does not match the config or a weight is not floating-point."""
+    if not isinstance(params, Params):
+        raise ValueError(f"params must be a models.Params (models.load_model / init_params), got {type(params).__name__}")
     e, f, d = config.hidden_size, config.intermediate_size, config.head_dim
     hq, hkv, v = config.num_heads, config.num_kv_heads, config.vocab_size
     g = hq // hkv
@@ -99,6 +101,9 @@ def check_params(params: Params, config: ModelConfig) -> None:
     if head != (None if config.tie_embeddings else (e, v)):
         raise ValueError(f"params.lm_head has shape {head}; config.tie_embeddings={config.tie_embeddings} "
                          f"needs {None if config.tie_embeddings else (e, v)}")
+    for path, x in jax.tree_util.tree_leaves_with_path(params):
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise ValueError(f"params{jax.tree_util.keystr(path)} must be floating-point, got {x.dtype}")
 
 
 def init_params(key: jax.Array, config: ModelConfig, dtype=jnp.bfloat16) -> Params:
@@ -112,6 +117,8 @@ def init_params(key: jax.Array, config: ModelConfig, dtype=jnp.bfloat16) -> Para
     in use beyond themselves once q/k/v were fused: benchmarks/NOTES.md,
     session 44).
     """
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(f"init_params: dtype must be floating-point, got {jnp.dtype(dtype).name}")
     keys = jax.random.split(key, config.num_layers + 3)
     layers = tuple(_init_layer_jit(keys[i], config, dtype) for i in range(config.num_layers))
     embed, final_norm, lm_head = _init_outer_jit(keys[-3:], config, dtype)

@@ -107,6 +107,15 @@ def test_generate_clear_errors(tmp_path, capsys, make, words):
     assert words in capsys.readouterr().err
 
 
+def test_generate_checks_prompt_files_before_loading_the_model(tmp_path, capsys, monkeypatch):
+    import models.checkpoint
+
+    monkeypatch.setattr(models.checkpoint, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    missing = tmp_path / "missing.txt"
+    assert cli.main(["generate", "--prompt-file", str(missing)]) == 2
+    assert f"--prompt-file {missing} does not exist" in capsys.readouterr().err
+
+
 def test_generate_unsupported_architecture(tiny_gguf, tmp_path, capsys):
     _, config = tiny_gguf
     bad = tmp_path / "gemma.gguf"

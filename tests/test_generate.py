@@ -337,6 +337,17 @@ def test_generate_errors(params, prompts):
         _run(params, [[[1, 2]]], attn)
     with pytest.raises(ValueError, match="max_position"):
         _run(params, prompts, attn, n=1000)
+    with pytest.raises(ValueError, match=r"attention must be an attention implementation .* got 'hyquant'"):
+        _run(params, prompts, "hyquant")
+    with pytest.raises(ValueError, match=r"pad_id must be a token id in \[0, 96\), got -1"):
+        _run(params, prompts, attn, pad_id=-1)
+    narrow = dataclasses.replace(CONFIG, hidden_size=32)
+    with pytest.raises(ValueError, match=r"params.embed has shape \(96, 32\), config needs \(96, 64\)"):
+        _run(init_params(jax.random.PRNGKey(0), narrow), prompts, attn)
+    with pytest.raises(ValueError, match=r"params.*final_norm.* must be floating-point, got int32"):
+        _run(dataclasses.replace(params, final_norm=params.final_norm.astype(jnp.int32)), prompts, attn)
+    with pytest.raises(ValueError, match="init_params: dtype must be floating-point"):
+        init_params(jax.random.PRNGKey(0), CONFIG, jnp.int8)
     with pytest.raises(ValueError, match="backend"):
         HybridAttention(SMALL_HQ, backend="cuda")
 
