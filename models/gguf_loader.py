@@ -218,7 +218,8 @@ def load_gguf(path: str | Path, dtype="bfloat16", progress: bool = False) -> tup
 
         bar = tqdm(total=len(reader.tensors), desc=f"loading {Path(path).name}", unit="tensor", leave=False)
     try:
-        params = params_from_numpy(_GGUFWeights(reader, config, path, bar), config, jnp.dtype(dtype))
+        params = params_from_numpy(_GGUFWeights(reader, config, path, bar), config, jnp.dtype(dtype),
+                                   name_of=lambda short: f"{path}: {gguf_name(short)}")
     finally:
         if bar is not None:
             bar.close()

@@ -92,7 +92,10 @@ def load_hf_config(folder: str | Path) -> tuple[ModelConfig, dict]:
     path = folder / "config.json"
     if not path.exists():
         raise ValueError(f"{folder}: no config.json (not a Hugging Face checkpoint folder)")
-    raw = json.loads(path.read_text())
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
     config = from_hf_config(raw)
     gen = folder / "generation_config.json"
     if gen.exists():
@@ -124,4 +127,5 @@ def load_hf(folder: str | Path, dtype="bfloat16") -> tuple[ModelConfig, Params]:
             files[short] = (shard, name)
     if config.tie_embeddings:
         files.pop("lm_head", None)
-    return config, params_from_numpy(_SafetensorsWeights(files), config, jnp.dtype(dtype))
+    return config, params_from_numpy(_SafetensorsWeights(files), config, jnp.dtype(dtype),
+                                     name_of=lambda short: f"{folder}: {hf_name(short)}")

@@ -313,9 +313,10 @@ def output_head(params: Params, h: jax.Array) -> jax.Array:
     return jnp.einsum("...e,ev->...v", h, params.lm_head, preferred_element_type=jnp.float32)
 
 
-def params_from_numpy(arrays: dict, config: ModelConfig, dtype) -> Params:
+def params_from_numpy(arrays: dict, config: ModelConfig, dtype, name_of=None) -> Params:
     """Params from HF-convention numpy arrays keyed by short names (see loaders).
 
+    name_of: optional short name -> the checkpoint's own tensor name, for error messages.
     `arrays` is any mapping (a lazy one reads each weight when asked). Keys: "embed" [V, E], "final_norm" [E], optional "lm_head" [V, E], and per
     layer i: f"{i}.q" [Hq*D, E], "k"/"v" [Hkv*D, E], "o" [E, Hq*D], optional
     "q_bias"/"k_bias"/"v_bias", "q_norm"/"k_norm", "attn_norm", "mlp_norm",
@@ -324,12 +325,15 @@ def params_from_numpy(arrays: dict, config: ModelConfig, dtype) -> Params:
     e, d = config.hidden_size, config.head_dim
     hq, hkv = config.num_heads, config.num_kv_heads
 
+    def label(name):
+        return repr(name) if name_of is None else f"{name_of(name)} ({name!r})"
+
     def get(name, shape=None):
         if name not in arrays:
-            raise ValueError(f"checkpoint has no weight for {name!r}")
+            raise ValueError(f"checkpoint has no weight {label(name)}")
         x = np.asarray(arrays[name])
         if shape is not None and tuple(x.shape) != tuple(shape):
-            raise ValueError(f"checkpoint weight {name!r} has shape {x.shape}, config needs {tuple(shape)}")
+            raise ValueError(f"checkpoint weight {label(name)} has shape {x.shape}, config needs {tuple(shape)}")
         return x
 
     def put(x):

@@ -71,6 +71,26 @@ def test_hf_folder_errors(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt_neox", "architectures": ["GPTNeoX"]}))
     with pytest.raises(ValueError, match="model_type='gpt_neox'"):
         load_hf(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"config.json is not valid JSON"):
+        load_hf(tmp_path)
+
+
+def test_hf_folder_weight_errors_name_the_tensor(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    params = init_params(jax.random.PRNGKey(0), TINY, jnp.float32)
+    write_hf_folder(tmp_path, params, TINY)
+    (path,) = tmp_path.glob("*.safetensors")
+    weights = load_file(path)
+    name = "model.layers.1.mlp.down_proj.weight"
+    save_file({**weights, name: weights[name][:, :5].copy()}, path)
+    with pytest.raises(ValueError, match=rf"{tmp_path}: {name} \('1.down'\) has shape \(64, 5\)"):
+        load_hf(tmp_path)
+    del weights[name]
+    save_file(weights, path)
+    with pytest.raises(ValueError, match=rf"checkpoint has no weight {tmp_path}: {name}"):
+        load_hf(tmp_path)
 
 
 @settings(max_examples=20, deadline=None)
