@@ -77,7 +77,8 @@ class Params:
 def check_params(params: Params, config: ModelConfig) -> None:
     """Raise ValueError if any weight's shape does not match the config or a weight is not floating-point."""
     if not isinstance(params, Params):
-        raise ValueError(f"params must be a models.Params (models.load_model / init_params), got {type(params).__name__}")
+        raise ValueError(f"params must be a models.Params (models.load_model, init_params), got "
+                         f"{type(params).__name__}")
     e, f, d = config.hidden_size, config.intermediate_size, config.head_dim
     hq, hkv, v = config.num_heads, config.num_kv_heads, config.vocab_size
     g = hq // hkv
@@ -316,11 +317,11 @@ def output_head(params: Params, h: jax.Array) -> jax.Array:
 def params_from_numpy(arrays: dict, config: ModelConfig, dtype, name_of=None) -> Params:
     """Params from HF-convention numpy arrays keyed by short names (see loaders).
 
-    name_of: optional short name -> the checkpoint's own tensor name, for error messages.
     `arrays` is any mapping (a lazy one reads each weight when asked). Keys: "embed" [V, E], "final_norm" [E], optional "lm_head" [V, E], and per
     layer i: f"{i}.q" [Hq*D, E], "k"/"v" [Hkv*D, E], "o" [E, Hq*D], optional
     "q_bias"/"k_bias"/"v_bias", "q_norm"/"k_norm", "attn_norm", "mlp_norm",
     "gate"/"up" [F, E], "down" [E, F] (torch Linear layout: [out, in]).
+    name_of: optional short name -> the checkpoint's own tensor name, for error messages.
     """
     e, d = config.hidden_size, config.head_dim
     hq, hkv = config.num_heads, config.num_kv_heads
