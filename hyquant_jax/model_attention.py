@@ -57,7 +57,7 @@ from models.attention import (
     DecodeContext,
     PrefillContext,
     causal_attention,
-    grouped_attention,
+    prefix_attention,
     write_chunk,
 )
 
@@ -89,10 +89,8 @@ def _stage_chunk(state: PromptStaging, q, k, v, ctx: PrefillContext) -> PromptSt
 
 def _staged_attention(q, state: PromptStaging, ctx: PrefillContext):
     """Exact causal attention of a chunk's queries over the staged prompt keys."""
-    t, n = q.shape[2], state.k.shape[2]
-    q_pos = ctx.offset + jnp.arange(t)
-    mask = (jnp.arange(n)[None, :] <= q_pos[:, None])[None, None, None]
-    return grouped_attention(q, state.k, state.v, mask, f32_probs=BF16Attention()._f32())
+    q_pos = ctx.offset + jnp.arange(q.shape[2])
+    return prefix_attention(q, state.k, state.v, q_pos, f32_probs=BF16Attention()._f32())
 
 
 def _staging(config, hq: HyQuantConfig, batch, prompt_len, dtype) -> PromptStaging:

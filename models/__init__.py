@@ -11,6 +11,7 @@ from models.attention import (
     PrefillContext,
     causal_attention,
     grouped_attention,
+    prefix_attention,
 )
 from models.checkpoint import default_model_path, load_model
 from models.config import ModelConfig, from_hf_config
@@ -43,6 +44,7 @@ __all__ = [
     "from_hf_config",
     "fuse_qkv",
     "grouped_attention",
+    "prefix_attention",
     "init_params",
     "load_model",
     "logits",

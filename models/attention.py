@@ -172,6 +172,38 @@ def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     return out.reshape(b, hq, t, d).astype(q.dtype)
 
 
+LOGITS_BUDGET = 1 << 30  # bytes of float32 logits one query block of `prefix_attention` may hold
+
+
+def prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, f32_probs: bool = False,
+                     logits_budget: int = LOGITS_BUDGET) -> jax.Array:
+    """Attention of a prompt chunk's queries over the keys written so far: query t (absolute position
+    q_pos[t]) sees key slots 0 .. q_pos[t] of k, v (chunked prefill).
+
+    q [B, Hq, T, D]; k, v [B, Hkv, S, D]; q_pos int32 [T]. The queries run in blocks, one after the other
+    (`lax.map`), of as many rows (a power of two) as keep a block's float32 logits [B, Hq, rows, S] within
+    `logits_budget` bytes: the whole chunk's would be 34 GB for a 2048-token chunk of a 32-head model at a
+    128K prompt. Each row is `grouped_attention`'s. Returns [B, Hq, T, D] in q.dtype.
+    """
+    b, hq, t, _ = q.shape
+    s = k.shape[2]
+    rows = max(1, logits_budget // (4 * b * hq * s))
+    block = min(t, max(16, 1 << (rows.bit_length() - 1)))
+
+    def attend(qc, pc):
+        mask = (jnp.arange(s)[None, :] <= pc[:, None])[None, None, None]
+        return grouped_attention(qc, k, v, mask, f32_probs=f32_probs)
+
+    if block >= t:
+        return attend(q, q_pos)
+    n = -(-t // block)
+    pad = n * block - t
+    qb = jnp.pad(q, ((0, 0), (0, 0), (0, pad), (0, 0))).reshape(b, hq, n, block, -1).transpose(2, 0, 1, 3, 4)
+    pb = jnp.pad(q_pos, (0, pad)).reshape(n, block)  # padded rows see slot 0 and are dropped below
+    out = jax.lax.map(lambda x: attend(*x), (qb, pb))  # [n, B, Hq, block, D]
+    return out.transpose(1, 2, 0, 3, 4).reshape(b, hq, n * block, -1)[:, :, :t]
+
+
 def cudnn_applies(q: jax.Array) -> bool:
     """Whether cuDNN flash attention takes q [B, H, T, D]: on a GPU, bf16/fp16, D a multiple of 8 up to 128."""
     d = q.shape[-1]
@@ -313,10 +345,8 @@ class BF16Attention:
         state = KVBuffer(write_chunk(state.k, k, ctx.offset), write_chunk(state.v, v, ctx.offset))
         if ctx.whole:
             return causal_attention(q, k, v, self._impl(), self._f32()), state
-        t, s = q.shape[2], state.k.shape[2]
-        q_pos = ctx.offset + jnp.arange(t)
-        mask = (jnp.arange(s)[None, :] <= q_pos[:, None])[None, None, None]
-        return grouped_attention(q, state.k, state.v, mask, f32_probs=self._f32()), state
+        q_pos = ctx.offset + jnp.arange(q.shape[2])
+        return prefix_attention(q, state.k, state.v, q_pos, f32_probs=self._f32()), state
 
     def finish_prefill(self, layer, state, ctx):
         return state

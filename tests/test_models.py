@@ -243,6 +243,43 @@ def test_chunked_prefill_matches_whole():
         np.testing.assert_allclose(logits, full[:, 4 * c:4 * c + 4], rtol=1e-4, atol=1e-4)
 
 
+@settings(max_examples=15, deadline=None)
+@given(b=st.integers(1, 2), hkv=st.integers(1, 2), g=st.integers(1, 3), t=st.integers(1, 70),
+       extra=st.integers(0, 90), offset=st.integers(0, 40), rows=st.sampled_from([1, 16, 32, 10**6]),
+       seed=st.integers(0, 2**16))
+def test_prefix_attention_matches_float64_oracle(b, hkv, g, t, extra, offset, rows, seed):
+    """Chunked prefill's attention (queries at offset.. over the key slots up to each query's position) equals
+    the float64 oracle, whether it runs in one block or in query blocks (`logits_budget` sized to give `rows`
+    rows a block, at least 16; blocks past T padded); f32 probabilities for exact products."""
+    import oracle
+    from models.attention import prefix_attention
+
+    rng = np.random.default_rng(seed)
+    d, hq = 16, hkv * g
+    s = offset + t + extra  # slots past the chunk's end exist (the staging buffer) and stay invisible
+    q = rng.standard_normal((b, hq, t, d)).astype(np.float32)
+    k, v = (rng.standard_normal((b, hkv, s, d)).astype(np.float32) for _ in range(2))
+    q_pos = offset + np.arange(t, dtype=np.int32)
+    got = prefix_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(q_pos), f32_probs=True,
+                           logits_budget=rows * 4 * b * hq * s)
+    want, _ = oracle.exact_attention(q, k, v, [s] * b, q_positions=np.tile(q_pos, (b, 1)))
+    np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5)
+
+
+def test_prefix_attention_blocks_bound_the_logits_of_a_long_prompt():
+    """A 2048-token chunk of a 32-head model over 128K staged slots (traced abstractly, nothing allocated): the
+    default 1 GiB budget gives 64-row blocks, 32 of them, where one block would hold 34 GB of logits."""
+    from models.attention import LOGITS_BUDGET, prefix_attention
+
+    q = jax.ShapeDtypeStruct((1, 32, 2048, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((1, 8, 131072, 128), jnp.bfloat16)
+    jaxpr = jax.make_jaxpr(lambda q, k, v: prefix_attention(q, k, v, jnp.arange(2048)))(q, kv, kv)
+    (scan,) = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "scan"]
+    assert scan.params["length"] == 32
+    logits = [v.aval for e in scan.params["jaxpr"].jaxpr.eqns for v in e.outvars if v.aval.dtype == jnp.float32]
+    assert max(a.size * 4 for a in logits) <= LOGITS_BUDGET
+
+
 def test_output_index_selects_rows():
     params = init_params(jax.random.PRNGKey(5), TINY, jnp.float32)
     tokens = jax.random.randint(jax.random.PRNGKey(6), (2, 8), 0, TINY.vocab_size)
