@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -85,11 +86,12 @@ def test_hf_folder_weight_errors_name_the_tensor(tmp_path):
     weights = load_file(path)
     name = "model.layers.1.mlp.down_proj.weight"
     save_file({**weights, name: weights[name][:, :5].copy()}, path)
-    with pytest.raises(ValueError, match=rf"{tmp_path}: {name} \('1.down'\) has shape \(64, 5\)"):
+    where = re.escape(f"{tmp_path}: {name}")
+    with pytest.raises(ValueError, match=rf"{where} \('1.down'\) has shape \(64, 5\)"):
         load_hf(tmp_path)
     del weights[name]
     save_file(weights, path)
-    with pytest.raises(ValueError, match=rf"checkpoint has no weight {tmp_path}: {name}"):
+    with pytest.raises(ValueError, match=rf"checkpoint has no weight {where}"):
         load_hf(tmp_path)
 
 
