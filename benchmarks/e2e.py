@@ -369,11 +369,11 @@ def _decode_config(args, params, config, attention, method, prefix, batch, mesh=
         states, out, counts, lengths, n = call(states, first, lengths, out, n)
         jax.block_until_ready(out)
         times.append(time.perf_counter() - t0)
-    assert int(jnp.copy(n)) == steps, (int(jnp.copy(n)), steps)
+    assert int(n) == steps, (int(n), steps)
     # after the timing, on arrays alive now (in place, first was donated; counts has its shape): a cache hit
     temp = _temp_bytes(decode_in_place if args.in_place else decode,
                        (params, states, counts, lengths, key) + (((out, n),) if args.in_place else ()), static)
-    kv_end = kv_cache_bytes(attention, states, np.asarray(jnp.copy(lengths)))
+    kv_end = kv_cache_bytes(attention, states, np.asarray(lengths))
     step_s = statistics.median(times) / steps
     devices = len(_devices(mesh))
     weights = shard_bytes(params) - shard_bytes(params.embed)  # per device (the whole model on one device)
