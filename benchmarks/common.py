@@ -100,8 +100,14 @@ def write_json(path: str, payload: dict) -> None:
 
 def load_module(path: str, name: str):
     """Import the Python file at `path` as a module named `name` (a modified copy of a kernel module, to time
-    or compile next to the original)."""
+    or compile next to the original). It is registered in `sys.modules` while it runs, as an import would be
+    (dataclasses look their module up there)."""
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
     return module

@@ -12,8 +12,10 @@ method and an out-of-memory error ends only that method's sweep):
   b1       B = 1 decode at each of --prefixes (paper Table 8)
   batch    decode at --batch-prefix for B = --batches until out of memory,
            with peak GPU memory (paper Table 6)
-  prefill  time of `hyquant_jax.generate.prefill` (whole prompt, B = 1) at
-           --prefill-prefixes; hyquant uses hybrid prefill + Freeze
+  prefill  time of `hyquant_jax.generate.prefill` (B = 1) at --prefill-prefixes,
+           the whole prompt at once (hyquant: hybrid prefill + Freeze) or
+           with --prefill-chunk in chunks (every method: exact attention over
+           the prompt so far, then VTI + Freeze for hyquant)
 Decode caches are built directly from random keys/values (Freeze for the
 quantized caches, sized for prompts of the prefix's length, `freeze(...,
 min_length=prefix)`, as bf16's is sized for prefix + steps; a batch tiles
@@ -110,6 +112,10 @@ def parse_args(argv=None):
                    help="continue the batch sweep past --batches until out of memory")
     p.add_argument("--max-batch", type=int, default=512, help="stop the batch sweep here even without OOM")
     p.add_argument("--prefill-prefixes", default="4096,32768", help="prompt lengths of the prefill section")
+    p.add_argument("--prefill-chunk", type=int, default=0,
+                   help="prefill section: run the prompt in chunks of this many tokens (chunked prefill, "
+                        "`generate(prefill_chunk=...)`; must divide every --prefill-prefixes); 0: the whole prompt "
+                        "in one call")
     p.add_argument("--steps", type=int, default=64, help="decode steps per timed loop")
     p.add_argument("--reps", type=int, default=3, help="timed loops per config (median)")
     p.add_argument("--model", default="qwen3-8b", choices=sorted(MODELS),
@@ -170,6 +176,9 @@ def parse_args(argv=None):
     for s in args.sections.split(","):
         if s not in ("b1", "batch", "prefill"):
             p.error(f"--sections: unknown section {s!r}")
+    bad = [n for n in _ints(args.prefill_prefixes) if args.prefill_chunk and n % args.prefill_chunk]
+    if args.prefill_chunk < 0 or bad:
+        p.error(f"--prefill-chunk must be 0 or divide every --prefill-prefixes, got {args.prefill_chunk} for {bad}")
     for flag, value in (("--mosaic-blocks-per-sm", args.mosaic_blocks_per_sm), ("--mosaic-splits", args.mosaic_splits)):
         if value is not None and value < 1:
             p.error(f"{flag} must be >= 1, got {value}")
@@ -405,7 +414,7 @@ def _temp_bytes(fn, args, static) -> int | None:
 
 
 def _prefill_config(args, params, config, attention, method, prefix, mesh=None):
-    """Time the whole-prompt prefill (+ Freeze) of B = 1 prompt per data shard."""
+    """Time the prefill (+ Freeze) of B = 1 prompt per data shard: whole, or in chunks of --prefill-chunk."""
     import jax
     import jax.numpy as jnp
 
@@ -415,7 +424,8 @@ def _prefill_config(args, params, config, attention, method, prefix, mesh=None):
     batch = _data_size(mesh)
     tokens = _put(jax.random.randint(jax.random.PRNGKey(3), (batch, prefix), 0, config.vocab_size, jnp.int32), mesh)
     lengths = _put(jnp.full((batch,), prefix, jnp.int32), mesh)
-    static = dict(config=config, attention=attention, sampling=SamplingConfig(), chunk=prefix, max_len=prefix + 8)
+    chunk = args.prefill_chunk or prefix
+    static = dict(config=config, attention=attention, sampling=SamplingConfig(), chunk=chunk, max_len=prefix + 8)
     t0 = time.perf_counter()
     key0 = _put(jax.random.PRNGKey(0), mesh, batch_axis=False)
     compiled = prefill.lower(params, tokens, lengths, key0, **static).compile()
@@ -429,7 +439,7 @@ def _prefill_config(args, params, config, attention, method, prefix, mesh=None):
         times.append(time.perf_counter() - t0)
         del states
     seconds = statistics.median(times[1:]) if len(times) > 1 else times[0]
-    return {"method": method, "prefix": prefix, "batch": batch, "seconds": seconds,
+    return {"method": method, "prefix": prefix, "batch": batch, "chunk": chunk, "seconds": seconds,
             "tokens_per_s": batch * prefix / seconds, "compile_s": compile_s, "peak_bytes": _peak_bytes(mesh)}
 
 

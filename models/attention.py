@@ -172,28 +172,61 @@ def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     return out.reshape(b, hq, t, d).astype(q.dtype)
 
 
-LOGITS_BUDGET = 1 << 30  # bytes of float32 logits one query block of `prefix_attention` may hold
+LOGITS_BUDGET = 1 << 30  # bytes of float32 logits one step of `prefix_attention` may hold
+KEY_BLOCK = 4096  # key slots `prefix_attention` reads per step
 
 
 def prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, f32_probs: bool = False,
-                     logits_budget: int = LOGITS_BUDGET) -> jax.Array:
+                     logits_budget: int = LOGITS_BUDGET, key_block: int = KEY_BLOCK) -> jax.Array:
     """Attention of a prompt chunk's queries over the keys written so far: query t (absolute position
     q_pos[t]) sees key slots 0 .. q_pos[t] of k, v (chunked prefill).
 
-    q [B, Hq, T, D]; k, v [B, Hkv, S, D]; q_pos int32 [T]. The queries run in blocks, one after the other
-    (`lax.map`), of as many rows (a power of two) as keep a block's float32 logits [B, Hq, rows, S] within
-    `logits_budget` bytes: the whole chunk's would be 34 GB for a 2048-token chunk of a 32-head model at a
-    128K prompt. Each row is `grouped_attention`'s. Returns [B, Hq, T, D] in q.dtype.
+    q [B, Hq, T, D]; k, v [B, Hkv, S, D]; q_pos int32 [T]. The keys are read `key_block` slots at a time, with
+    an online softmax (float32 running max, denominator and output), and only up to the block holding the
+    query block's last position: a chunk at offset o reads its o + T slots, not all S of the staging buffer
+    (on average half of them over a prompt's chunks). The queries run in blocks, one after the other
+    (`lax.map`), of as many rows (a power of two) as keep a step's float32 logits [B, Hq, rows, key_block]
+    within `logits_budget` bytes: 2048 rows at once for a 32-head model, where one step over all 128K slots
+    of a 128K prompt would hold 34 GB. As in `grouped_attention`, the probabilities are cast to v.dtype for
+    the PV product unless f32_probs, and a row without a visible key gives 0. Returns [B, Hq, T, D] in q.dtype.
     """
-    b, hq, t, _ = q.shape
-    s = k.shape[2]
-    rows = max(1, logits_budget // (4 * b * hq * s))
+    b, hq, t, d = q.shape
+    hkv, s = k.shape[1], k.shape[2]
+    g = hq // hkv
+    kb = max(1, min(key_block, s))
+    rows = max(1, logits_budget // (4 * b * hq * kb))
     block = min(t, max(16, 1 << (rows.bit_length() - 1)))
+    scale = 1.0 / math.sqrt(d)
+    pv = jnp.float32 if f32_probs else v.dtype
 
     def attend(qc, pc):
-        mask = (jnp.arange(s)[None, :] <= pc[:, None])[None, None, None]
-        return grouped_attention(qc, k, v, mask, f32_probs=f32_probs)
+        qg = qc.reshape(b, hkv, g, qc.shape[2], d)
+        stat = (b, hkv, g, qc.shape[2])
 
+        def step(j, carry):
+            m, l, acc = carry
+            first = j * kb
+            start = jnp.minimum(first, s - kb)  # the last block may start early: slots before `first` are done
+            slots = start + jnp.arange(kb)
+            kj = jax.lax.dynamic_slice_in_dim(k, start, kb, axis=2)
+            vj = jax.lax.dynamic_slice_in_dim(v, start, kb, axis=2)
+            seen = (slots[None, :] >= first) & (slots[None, :] <= pc[:, None])  # [rows, kb]
+            logits = jnp.einsum("bhgtd,bhsd->bhgts", qg, kj, preferred_element_type=jnp.float32) * scale
+            logits = jnp.where(seen, logits, -jnp.inf)
+            m_new = jnp.maximum(m, jnp.max(logits, axis=-1))
+            m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)  # no key seen yet: p and alpha stay 0
+            alpha = jnp.exp(m - m_safe)
+            p = jnp.exp(logits - m_safe[..., None])
+            out = jnp.einsum("bhgts,bhsd->bhgtd", p.astype(pv), vj.astype(pv), preferred_element_type=jnp.float32)
+            return m_new, l * alpha + jnp.sum(p, axis=-1), acc * alpha[..., None] + out
+
+        init = (jnp.full(stat, -jnp.inf, jnp.float32), jnp.zeros(stat, jnp.float32),
+                jnp.zeros(stat + (d,), jnp.float32))
+        _, l, acc = jax.lax.fori_loop(0, jnp.max(pc) // kb + 1, step, init)
+        out = acc / jnp.where(l > 0, l, 1.0)[..., None]
+        return out.reshape(b, hq, qc.shape[2], d).astype(q.dtype)
+
+    q_pos = jnp.minimum(jnp.asarray(q_pos, jnp.int32), s - 1)
     if block >= t:
         return attend(q, q_pos)
     n = -(-t // block)

@@ -210,6 +210,50 @@ def test_e2e_in_place_times_decode_in_place(monkeypatch):
             assert calls == ["decode_in_place" if flags else "decode"] * (1 + args.reps), (flags, method, calls)
 
 
+def test_e2e_prefill_chunk_times_chunked_prefill():
+    """e2e.py --prefill-chunk times `generate.prefill` in chunks of that size (the row says which), for the bf16
+    baseline and hyquant; a chunk that does not divide a prompt length is an argument error."""
+    import jax
+    import jax.numpy as jnp
+
+    from benchmarks import e2e
+    from models import init_params
+
+    args = e2e.parse_args(["--smoke", "--sections", "prefill", "--prefill-chunk", "128"])
+    config = e2e._model(args)
+    params = init_params(jax.random.PRNGKey(0), config, jnp.bfloat16)
+    for method in ("bf16", "hyquant"):
+        attention, _ = e2e._attention(args, method)
+        row = e2e._prefill_config(args, params, config, attention, method, 256)
+        assert (row["chunk"], row["prefix"]) == (128, 256) and row["seconds"] > 0
+    whole = e2e.parse_args(["--smoke", "--sections", "prefill"])
+    assert e2e._prefill_config(whole, params, config, e2e._attention(whole, "bf16")[0], "bf16", 256)["chunk"] == 256
+    for bad in ("100", "-1"):
+        with pytest.raises(SystemExit):
+            e2e.parse_args(["--prefill-prefixes", "4096,32768", "--prefill-chunk", bad])
+
+
+def test_chunked_prefill_attention_benchmark(tmp_path):
+    """benchmarks/chunked_prefill_attention.py: the slots each way reads (a 4096-slot block per chunk end, or
+    the whole prompt per chunk), and a tiny run that writes every variant's row, a baseline module included."""
+    import json
+
+    from benchmarks import chunked_prefill_attention as cpa
+
+    assert cpa.slots_read(16384, 2048, 4096) == 2 * 4096 + 2 * 8192 + 2 * 12288 + 2 * 16384
+    assert cpa.slots_read(16384, 2048, 16384) == 8 * 16384
+    assert cpa.slots_read(3000, 1000, 4096) == 3 * 3000  # one block of the whole prompt
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cpa.main(["--out", str(tmp_path), "--name", "t", "--heads", "2", "--kv-heads", "1", "--head-dim", "16",
+              "--prompt", "64", "--chunk", "16", "--dtype", "float32", "--reps", "1",
+              "--baseline", os.path.join(root, "models", "attention.py")])
+    result = json.load(open(tmp_path / "t.json"))
+    assert [r["variant"] for r in result["rows"]] == ["blocks", "all_slots", "baseline"]
+    assert all(r["seconds"] > 0 for r in result["rows"]) and result["environment"]["jax"]
+    with pytest.raises(SystemExit):
+        cpa.main(["--prompt", "100", "--chunk", "16"])
+
+
 def _counting(fn, name, calls):
     def counted(*args, **kwargs):
         calls.append(name)

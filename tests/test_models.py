@@ -243,14 +243,15 @@ def test_chunked_prefill_matches_whole():
         np.testing.assert_allclose(logits, full[:, 4 * c:4 * c + 4], rtol=1e-4, atol=1e-4)
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(b=st.integers(1, 2), hkv=st.integers(1, 2), g=st.integers(1, 3), t=st.integers(1, 70),
        extra=st.integers(0, 90), offset=st.integers(0, 40), rows=st.sampled_from([1, 16, 32, 10**6]),
-       seed=st.integers(0, 2**16))
-def test_prefix_attention_matches_float64_oracle(b, hkv, g, t, extra, offset, rows, seed):
+       key_block=st.sampled_from([1, 7, 16, 64, 10**6]), seed=st.integers(0, 2**16))
+def test_prefix_attention_matches_float64_oracle(b, hkv, g, t, extra, offset, rows, key_block, seed):
     """Chunked prefill's attention (queries at offset.. over the key slots up to each query's position) equals
-    the float64 oracle, whether it runs in one block or in query blocks (`logits_budget` sized to give `rows`
-    rows a block, at least 16; blocks past T padded); f32 probabilities for exact products."""
+    the float64 oracle, in one query block or several (`logits_budget` sized to give `rows` rows a block, at
+    least 16; blocks past T padded), with key blocks of any size (dividing S or not, one block for all of S);
+    f32 probabilities for exact products."""
     import oracle
     from models.attention import prefix_attention
 
@@ -260,24 +261,47 @@ def test_prefix_attention_matches_float64_oracle(b, hkv, g, t, extra, offset, ro
     q = rng.standard_normal((b, hq, t, d)).astype(np.float32)
     k, v = (rng.standard_normal((b, hkv, s, d)).astype(np.float32) for _ in range(2))
     q_pos = offset + np.arange(t, dtype=np.int32)
+    kb = min(key_block, s)
     got = prefix_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(q_pos), f32_probs=True,
-                           logits_budget=rows * 4 * b * hq * s)
+                           logits_budget=rows * 4 * b * hq * kb, key_block=key_block)
     want, _ = oracle.exact_attention(q, k, v, [s] * b, q_positions=np.tile(q_pos, (b, 1)))
     np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5)
 
 
-def test_prefix_attention_blocks_bound_the_logits_of_a_long_prompt():
-    """A 2048-token chunk of a 32-head model over 128K staged slots (traced abstractly, nothing allocated): the
-    default 1 GiB budget gives 64-row blocks, 32 of them, where one block would hold 34 GB of logits."""
-    from models.attention import LOGITS_BUDGET, prefix_attention
+@pytest.mark.parametrize("rows", [16, 10**6])
+def test_prefix_attention_reads_no_key_block_past_the_chunk(rows):
+    """Key blocks wholly past the last query's position are never read: NaN keys and values there leave the
+    output finite and equal to the oracle's over clean keys (a chunk at positions 50..79 of a 300-slot staging
+    buffer reads blocks of 64 up to slot 127), with one query block or two of 16 rows (the first of them reads
+    one key block)."""
+    import oracle
+    from models.attention import prefix_attention
+
+    rng = np.random.default_rng(7)
+    q = rng.standard_normal((2, 4, 30, 16)).astype(np.float32)
+    k, v = (rng.standard_normal((2, 2, 300, 16)).astype(np.float32) for _ in range(2))
+    q_pos = 50 + np.arange(30, dtype=np.int32)
+    want, _ = oracle.exact_attention(q, k, v, [300] * 2, q_positions=np.tile(q_pos, (2, 1)))
+    k[:, :, 128:], v[:, :, 128:] = np.nan, np.nan
+    got = prefix_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(q_pos), f32_probs=True,
+                           logits_budget=rows * 4 * 2 * 4 * 64, key_block=64)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5)
+
+
+def test_prefix_attention_steps_bound_the_logits_of_a_long_prompt():
+    """A 2048-token chunk of a 32-head model over 128K staged slots (traced abstractly, nothing allocated): with
+    the default 1 GiB budget and 4096-slot key blocks the whole chunk runs as one query block, and each step
+    of the key loop holds at most 1 GiB of float32 logits, where one step over all slots would hold 34 GB."""
+    from models.attention import KEY_BLOCK, LOGITS_BUDGET, prefix_attention
 
     q = jax.ShapeDtypeStruct((1, 32, 2048, 128), jnp.bfloat16)
     kv = jax.ShapeDtypeStruct((1, 8, 131072, 128), jnp.bfloat16)
     jaxpr = jax.make_jaxpr(lambda q, k, v: prefix_attention(q, k, v, jnp.arange(2048)))(q, kv, kv)
-    (scan,) = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "scan"]
-    assert scan.params["length"] == 32
-    logits = [v.aval for e in scan.params["jaxpr"].jaxpr.eqns for v in e.outvars if v.aval.dtype == jnp.float32]
-    assert max(a.size * 4 for a in logits) <= LOGITS_BUDGET
+    assert not [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "scan"]  # no query blocks
+    (loop,) = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "while"]
+    body = loop.params["body_jaxpr"].jaxpr
+    logits = [v.aval for e in body.eqns for v in e.outvars if v.aval.dtype == jnp.float32]
+    assert max(a.size * 4 for a in logits) == LOGITS_BUDGET == 2048 * 32 * KEY_BLOCK * 4
 
 
 def test_output_index_selects_rows():

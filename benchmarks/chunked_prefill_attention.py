@@ -1,0 +1,102 @@
+"""Chunked prefill's attention over one layer's whole prompt: key blocks up to each chunk's end vs all slots.
+
+A prompt of --prompt tokens is prefilled in chunks of --chunk tokens (as `hyquant_jax.generate.prefill` does
+for prompts longer than `prefill_chunk`, a `fori_loop` over chunks); each chunk's queries attend over the
+staged keys with `models.prefix_attention`. Two ways to read the keys, timed in one process:
+
+  blocks     key blocks of `models.attention.KEY_BLOCK` slots, up to the block holding the chunk's last
+             position (what `prefix_attention` does);
+  all_slots  one key block of all --prompt slots for every chunk, the visible ones masked (the work of the
+             version before session 49, with this version's online softmax);
+  baseline   with --baseline FILE: `prefix_attention` of another version of `models/attention.py`, e.g.
+             the one before session 49 (`git show 7cbf3c9:models/attention.py > /tmp/attention_s48.py`).
+
+Reports seconds for the whole prompt (one layer; median of --reps timed calls after a warm-up call) and
+the key slots each way reads, summed over chunks.
+
+  PYTHONPATH=. python benchmarks/chunked_prefill_attention.py --out benchmarks/results --name NAME
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import add_output_sum, environment, load_module, time_in_loop, write_json  # noqa: E402
+from models.attention import KEY_BLOCK, prefix_attention  # noqa: E402
+
+
+def prompt_attention(q, k, v, chunk: int, attend):
+    """Sum of every chunk's attend(q_chunk, k, v, q_pos) output (float32 scalar): q [B, Hq, P, D], k, v
+    [B, Hkv, P, D]."""
+    prompt = q.shape[2]
+
+    def body(c, total):
+        offset = c * chunk
+        qc = jax.lax.dynamic_slice_in_dim(q, offset, chunk, axis=2)
+        out = attend(qc, k, v, offset + jnp.arange(chunk))
+        return total + jnp.sum(out.astype(jnp.float32))
+
+    return jax.lax.fori_loop(0, prompt // chunk, body, jnp.float32(0))
+
+
+def slots_read(prompt: int, chunk: int, key_block: int) -> int:
+    """Key slots read over all chunks (per sequence and KV head)."""
+    kb = min(key_block, prompt)
+    return sum(min(prompt, -(-(c + chunk) // kb) * kb) for c in range(0, prompt, chunk))
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--name", default="chunked_prefill_attention")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=32, help="query heads")
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--prompt", type=int, default=32768, help="prompt tokens (a multiple of --chunk)")
+    p.add_argument("--chunk", type=int, default=2048)
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--baseline", default=None, metavar="FILE",
+                   help="also time `prefix_attention` of this copy of models/attention.py")
+    args = p.parse_args(argv)
+    if args.chunk < 1 or args.prompt % args.chunk or args.heads % args.kv_heads:
+        p.error(f"--prompt ({args.prompt}) must be a multiple of --chunk ({args.chunk}) and --heads "
+                f"({args.heads}) of --kv-heads ({args.kv_heads})")
+    dtype = jnp.dtype(args.dtype)
+    kq, kk, kv = jax.random.split(jax.random.PRNGKey(0), 3)
+    q = jax.random.normal(kq, (args.batch, args.heads, args.prompt, args.head_dim), dtype)
+    k = jax.random.normal(kk, (args.batch, args.kv_heads, args.prompt, args.head_dim), dtype)
+    v = jax.random.normal(kv, (args.batch, args.kv_heads, args.prompt, args.head_dim), dtype)
+    variants = [("blocks", partial(prefix_attention, key_block=KEY_BLOCK), KEY_BLOCK),
+                ("all_slots", partial(prefix_attention, key_block=args.prompt), args.prompt)]
+    if args.baseline:
+        variants.append(("baseline", load_module(args.baseline, "baseline_attention").prefix_attention, args.prompt))
+    rows = []
+    for name, attend, key_block in variants:
+        def fn(q, k, v, attend=attend):
+            return prompt_attention(q, k, v, args.chunk, attend)
+
+        seconds = time_in_loop(fn, q, (k, v), iters=1, reps=args.reps, feedback=add_output_sum)
+        rows.append({"variant": name, "key_block": min(key_block, args.prompt), "seconds": seconds,
+                     "slots_read": slots_read(args.prompt, args.chunk, key_block)})
+        print(f"{name:10s} key block {rows[-1]['key_block']:6d}: {seconds:.3f} s, "
+              f"{rows[-1]['slots_read']} slots read")
+    blocks = rows[0]["seconds"]
+    result = {"environment": environment(), "args": vars(args), "rows": rows,
+              "x_blocks": {r["variant"]: r["seconds"] / blocks for r in rows[1:]}}
+    print("seconds / blocks' seconds: " + ", ".join(f"{k} {v:.2f}x" for k, v in result["x_blocks"].items()))
+    write_json(os.path.join(args.out, f"{args.name}.json"), result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
