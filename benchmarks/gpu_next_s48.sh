@@ -24,6 +24,11 @@
 #   variant that showed the unexplained ~0.08 ms).
 # PART=d (~5 min): per call or per step: the same variants with calls of 64 and of 256 steps
 #   (gpu_next_s47.sh's PART=a, never run).
+# PART=p (~4 min; added in session 49, also without a GPU): chunked prefill, whose attention now reads key
+#   blocks only up to each chunk's end (models.prefix_attention). First, here:
+#     git show 7cbf3c9:models/attention.py > .gpu_run/attention_s48.py   (the version before; carry .gpu_run)
+#   The prefix-attention oracle tests on the GPU, the attention of a 32K prompt's chunks at the Qwen3-8B shape
+#   (blocks / all slots / session 48's code), and e2e's prefill of a 32K prompt in 2048-token chunks.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -72,5 +77,19 @@ d)
       > "$OUT/step_ablation_calls_$steps.log" 2>&1
     echo "$steps rc=$?"; grep -E "^ +[0-9]+ " "$OUT/step_ablation_calls_$steps.log"
   done
+  ;;
+p)
+  PYTHONPATH=. timeout 150 python3 -m pytest -q tests/test_models.py -k prefix_attention > "$OUT/prefix_attention_gpu_tests_s49.log" 2>&1
+  echo "tests rc=$?"; tail -3 "$OUT/prefix_attention_gpu_tests_s49.log"
+  base=.gpu_run/attention_s48.py
+  [ -f "$base" ] || { echo "missing $base (see the header)"; base=""; }
+  PYTHONPATH=. timeout 200 python3 benchmarks/chunked_prefill_attention.py --out "$OUT" \
+    --name chunked_prefill_attention_h200_s49 --prompt 32768 --chunk 2048 --reps 3 ${base:+--baseline $base} \
+    > "$OUT/chunked_prefill_attention_h200_s49.log" 2>&1
+  echo "attention rc=$?"; tail -4 "$OUT/chunked_prefill_attention_h200_s49.log"
+  PYTHONPATH=. timeout 200 python3 benchmarks/e2e.py --out "$OUT" --name e2e_chunked_prefill_s49 --sections prefill \
+    --methods bf16,hyquant --prefill-prefixes 32768 --prefill-chunk 2048 --reps 2 --no-plot \
+    > "$OUT/e2e_chunked_prefill_s49.log" 2>&1
+  echo "e2e rc=$?"; grep -A4 "^prefill" "$OUT/e2e_chunked_prefill_s49.log"
   ;;
 esac
