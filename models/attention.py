@@ -220,9 +220,11 @@ def prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array,
             out = jnp.einsum("bhgts,bhsd->bhgtd", p.astype(pv), vj.astype(pv), preferred_element_type=jnp.float32)
             return m_new, l * alpha + jnp.sum(p, axis=-1), acc * alpha[..., None] + out
 
-        init = (jnp.full(stat, -jnp.inf, jnp.float32), jnp.zeros(stat, jnp.float32),
-                jnp.zeros(stat + (d,), jnp.float32))
-        _, l, acc = jax.lax.fori_loop(0, jnp.max(pc) // kb + 1, step, init)
+        empty = (jnp.full(stat, -jnp.inf, jnp.float32), jnp.zeros(stat, jnp.float32),
+                 jnp.zeros(stat + (d,), jnp.float32))
+        # the first block is always read; the loop's carry starts from its result, which (unlike `empty`) has
+        # the varying axes of q, k and v under `shard_map`
+        _, l, acc = jax.lax.fori_loop(1, jnp.max(pc) // kb + 1, step, step(0, empty))
         out = acc / jnp.where(l > 0, l, 1.0)[..., None]
         return out.reshape(b, hq, qc.shape[2], d).astype(q.dtype)
 
