@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from models.config import ModelConfig, yarn_mscale
-from models.transformer import Params, params_from_numpy
+from models.transformer import Params, checkpoint_name, params_from_numpy
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 PERMUTED_ARCHITECTURES = ("llama",)  # Q/K rows permuted by llama.cpp's converter
@@ -35,14 +35,7 @@ _TOP_NAMES = {"token_embd.weight": "embed", "output_norm.weight": "final_norm", 
 
 def gguf_name(short: str) -> str:
     """Short weight key (see `params_from_numpy`) -> GGUF tensor name."""
-    for k, v in _TOP_NAMES.items():
-        if v == short:
-            return k
-    layer, name = short.split(".", 1)
-    for k, v in _LAYER_NAMES.items():
-        if v == name:
-            return f"blk.{layer}.{k}"
-    raise ValueError(f"unknown weight key {short!r}")
+    return checkpoint_name(short, _TOP_NAMES, _LAYER_NAMES, "blk.")
 
 
 def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:

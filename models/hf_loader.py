@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from models.config import ModelConfig, from_hf_config
-from models.transformer import Params, params_from_numpy
+from models.transformer import Params, checkpoint_name, params_from_numpy
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -36,14 +36,7 @@ def short_name(hf_name: str) -> str | None:
 
 def hf_name(short: str) -> str:
     """Inverse of `short_name`."""
-    for k, v in _TOP_NAMES.items():
-        if v == short:
-            return k
-    layer, name = short.split(".", 1)
-    for k, v in _LAYER_NAMES.items():
-        if v == name:
-            return f"model.layers.{layer}.{k}"
-    raise ValueError(f"unknown weight key {short!r}")
+    return checkpoint_name(short, _TOP_NAMES, _LAYER_NAMES, "model.layers.")
 
 
 class _SafetensorsWeights(Mapping):

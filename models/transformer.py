@@ -314,6 +314,20 @@ def output_head(params: Params, h: jax.Array) -> jax.Array:
     return jnp.einsum("...e,ev->...v", h, params.lm_head, preferred_element_type=jnp.float32)
 
 
+def checkpoint_name(short: str, top_names: dict, layer_names: dict, layer_prefix: str) -> str:
+    """The checkpoint's tensor name of a short weight key (see `params_from_numpy`), given a loader's maps from
+    checkpoint names to short names: `top_names` for whole-model weights, `layer_names` for the per-layer
+    suffixes, each after f"{layer_prefix}{i}." (e.g. "model.layers." for Hugging Face, "blk." for GGUF)."""
+    for k, v in top_names.items():
+        if v == short:
+            return k
+    layer, _, name = short.partition(".")
+    for k, v in layer_names.items():
+        if v == name and layer.isdigit():
+            return f"{layer_prefix}{layer}.{k}"
+    raise ValueError(f"unknown weight key {short!r}")
+
+
 def params_from_numpy(arrays: dict, config: ModelConfig, dtype, name_of=None) -> Params:
     """Params from HF-convention numpy arrays keyed by short names (see loaders).
 
