@@ -682,10 +682,11 @@ def print_tables(results) -> None:
             else:
                 print(f"  {r.get('batch', '-'):>5} {r['method']:>8} {'OOM' if r.get('oom') else r.get('error', '')[:80]}")
     if results["prefill"]:
-        print(f"\nprefill (B={_b1(results)}): prefix, method, seconds, tokens/s")
+        print(f"\nprefill (B={_b1(results)}): prefix, method, seconds, tokens/s, chunk")
         for r in results["prefill"]:
             if "seconds" in r:
-                print(f"  {r['prefix']:>7} {r['method']:>8} {r['seconds']:8.3f} {r['tokens_per_s']:10.0f}")
+                print(f"  {r['prefix']:>7} {r['method']:>8} {r['seconds']:8.3f} {r['tokens_per_s']:10.0f} "
+                      f"{r.get('chunk', r['prefix']):>7}")
             else:
                 print(f"  {r.get('prefix', '-'):>7} {r['method']:>8} {r.get('error', '')[:80]}")
 
