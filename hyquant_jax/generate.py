@@ -330,7 +330,9 @@ def _decode_in_place(params: Params, states: tuple, first: jax.Array, lengths: j
     Why: on the GPU, XLA runs the decode as CUDA graphs and, before a call runs, re-records the commands of a
     graph whose buffers moved (with the hybrid cache's device-side loops, commands inside the loop bodies).
     `decode` gives its outputs new buffers on every call (the caller still holds the previous ones) and reads
-    first and lengths wherever the caller made them.
+    first and lengths wherever the caller made them. Measured on the H200 (session 50,
+    benchmarks/results/e2e_states_first_s48.json): no faster than `decode`, whose states keep their buffers
+    already; the moves of its small outputs cost nothing measurable.
     """
     tokens, steps = previous  # only their buffers are used: they receive this call's tokens and step count
     want = ((first.shape[0], static["max_new_tokens"]), ())
