@@ -1,5 +1,6 @@
 #!/bin/bash
 # Prepared in sessions 47 and 48 (no GPU was lent in either) for the next GPU session; one H200 call per PART.
+# Session 50 ran PART=a and PART=b on an H200 (results/e2e_states_first_s48.*, results/e2e_s48_b1.*; NOTES, session 50).
 # Session 47 found (on the CPU, tests/test_generate.py::test_decode_updates_each_state_in_its_own_buffer) that
 # before its fix every decode call moved the quantized caches' int32 [B] counters (ring_len, length, num_pages,
 # ring_start, num_vl: 5 a layer) to other buffers: jit gave the counts output the first counter's donated
