@@ -2,14 +2,17 @@
 
 A prompt of --prompt tokens is prefilled in chunks of --chunk tokens (as `hyquant_jax.generate.prefill` does
 for prompts longer than `prefill_chunk`, a `fori_loop` over chunks); each chunk's queries attend over the
-staged keys with `models.prefix_attention`. Two ways to read the keys, timed in one process:
+staged keys with `models.prefix_attention`. The ways to compute it, timed in one process:
 
   blocks     key blocks of `models.attention.KEY_BLOCK` slots, up to the block holding the chunk's last
              position (what `prefix_attention` does);
   all_slots  one key block of all --prompt slots for every chunk, the visible ones masked (the work of the
              version before session 49, with this version's online softmax);
   baseline   with --baseline FILE: `prefix_attention` of another version of `models/attention.py`, e.g.
-             the one before session 49 (`git show 7cbf3c9:models/attention.py > /tmp/attention_s48.py`).
+             the one before session 49 (`git show 7cbf3c9:models/attention.py > /tmp/attention_s48.py`);
+  pallas     with --pallas: `prefix_attention(impl="pallas")`, the fused kernel of `pallas_kernels.prefix`
+             (GPU; Pallas interpret mode elsewhere, slow). Its relative L2 difference from `blocks` on the
+             last chunk is recorded (`pallas_rel_diff`).
 
 Reports seconds for the whole prompt (one layer; median of --reps timed calls after a warm-up call) and
 the key slots each way reads, summed over chunks.
@@ -53,6 +56,15 @@ def slots_read(prompt: int, chunk: int, key_block: int) -> int:
     return sum(min(prompt, -(-(c + chunk) // kb) * kb) for c in range(0, prompt, chunk))
 
 
+def last_chunk_difference(q, k, v, chunk: int) -> float:
+    """Relative L2 difference of the fused kernel's output from the XLA path's on the prompt's last chunk."""
+    prompt = q.shape[2]
+    qc, pos = q[:, :, prompt - chunk:], prompt - chunk + jnp.arange(chunk)
+    want = prefix_attention(qc, k, v, pos).astype(jnp.float32)
+    got = prefix_attention(qc, k, v, pos, impl="pallas").astype(jnp.float32)
+    return float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="benchmarks/results")
@@ -67,6 +79,7 @@ def main(argv=None) -> dict:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--baseline", default=None, metavar="FILE",
                    help="also time `prefix_attention` of this copy of models/attention.py")
+    p.add_argument("--pallas", action="store_true", help="also time the fused kernel (impl='pallas')")
     args = p.parse_args(argv)
     if args.chunk < 1 or args.prompt % args.chunk or args.heads % args.kv_heads:
         p.error(f"--prompt ({args.prompt}) must be a multiple of --chunk ({args.chunk}) and --heads "
@@ -80,6 +93,8 @@ def main(argv=None) -> dict:
                 ("all_slots", partial(prefix_attention, key_block=args.prompt), args.prompt)]
     if args.baseline:
         variants.append(("baseline", load_module(args.baseline, "baseline_attention").prefix_attention, args.prompt))
+    if args.pallas:
+        variants.append(("pallas", partial(prefix_attention, impl="pallas"), args.prompt))
     rows = []
     for name, attend, key_block in variants:
         def fn(q, k, v, attend=attend):
@@ -93,6 +108,9 @@ def main(argv=None) -> dict:
     blocks = rows[0]["seconds"]
     result = {"environment": environment(), "args": vars(args), "rows": rows,
               "x_blocks": {r["variant"]: r["seconds"] / blocks for r in rows[1:]}}
+    if args.pallas:
+        result["pallas_rel_diff"] = last_chunk_difference(q, k, v, args.chunk)
+        print(f"pallas vs blocks, last chunk: relative L2 difference {result['pallas_rel_diff']:.2e}")
     print("seconds / blocks' seconds: " + ", ".join(f"{k} {v:.2f}x" for k, v in result["x_blocks"].items()))
     write_json(os.path.join(args.out, f"{args.name}.json"), result)
     return result

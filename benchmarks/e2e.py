@@ -116,6 +116,9 @@ def parse_args(argv=None):
                    help="prefill section: run the prompt in chunks of this many tokens (chunked prefill, "
                         "`generate(prefill_chunk=...)`; must divide every --prefill-prefixes); 0: the whole prompt "
                         "in one call")
+    p.add_argument("--chunk-impl", default="xla", choices=("xla", "pallas"),
+                   help="chunked prefill's attention for bf16 and hyquant (their `chunk_impl`): XLA's online "
+                        "softmax over key blocks, or the fused Pallas kernel (`pallas_kernels/prefix.py`)")
     p.add_argument("--steps", type=int, default=64, help="decode steps per timed loop")
     p.add_argument("--reps", type=int, default=3, help="timed loops per config (median)")
     p.add_argument("--model", default="qwen3-8b", choices=sorted(MODELS),
@@ -217,8 +220,11 @@ def _attention(args, method):
 
         knobs = dict(mosaic_blocks_per_sm=args.mosaic_blocks_per_sm, mosaic_splits=args.mosaic_splits)
         tuning = DecodeTuning(**{k: v for k, v in knobs.items() if v is not None})
-    return make_attention(method, hq, backend=args.backend, prefill_backend=args.prefill_backend,
-                          cache_dtype=jnp.bfloat16, decode_tuning=tuning), hq
+    attention = make_attention(method, hq, backend=args.backend, prefill_backend=args.prefill_backend,
+                               cache_dtype=jnp.bfloat16, decode_tuning=tuning)
+    if hasattr(attention, "chunk_impl"):  # bf16 and hyquant (the quantized baselines' chunks stay XLA)
+        attention = dataclasses.replace(attention, chunk_impl=args.chunk_impl)
+    return attention, hq
 
 
 def _is_oom(err: Exception) -> bool:
@@ -439,7 +445,8 @@ def _prefill_config(args, params, config, attention, method, prefix, mesh=None):
         times.append(time.perf_counter() - t0)
         del states
     seconds = statistics.median(times[1:]) if len(times) > 1 else times[0]
-    return {"method": method, "prefix": prefix, "batch": batch, "chunk": chunk, "seconds": seconds,
+    return {"method": method, "prefix": prefix, "batch": batch, "chunk": chunk,
+            "chunk_impl": getattr(attention, "chunk_impl", "xla"), "seconds": seconds,
             "tokens_per_s": batch * prefix / seconds, "compile_s": compile_s, "peak_bytes": _peak_bytes(mesh)}
 
 
@@ -682,11 +689,11 @@ def print_tables(results) -> None:
             else:
                 print(f"  {r.get('batch', '-'):>5} {r['method']:>8} {'OOM' if r.get('oom') else r.get('error', '')[:80]}")
     if results["prefill"]:
-        print(f"\nprefill (B={_b1(results)}): prefix, method, seconds, tokens/s, chunk")
+        print(f"\nprefill (B={_b1(results)}): prefix, method, seconds, tokens/s, chunk, chunk attention")
         for r in results["prefill"]:
             if "seconds" in r:
                 print(f"  {r['prefix']:>7} {r['method']:>8} {r['seconds']:8.3f} {r['tokens_per_s']:10.0f} "
-                      f"{r.get('chunk', r['prefix']):>7}")
+                      f"{r.get('chunk', r['prefix']):>7} {r.get('chunk_impl', 'xla'):>6}")
             else:
                 print(f"  {r.get('prefix', '-'):>7} {r['method']:>8} {r.get('error', '')[:80]}")
 

@@ -57,6 +57,7 @@ from models.attention import (
     DecodeContext,
     PrefillContext,
     causal_attention,
+    check_chunk_impl,
     prefix_attention,
     write_chunk,
 )
@@ -87,10 +88,11 @@ def _stage_chunk(state: PromptStaging, q, k, v, ctx: PrefillContext) -> PromptSt
     return PromptStaging(write_chunk(state.k, k, ctx.offset), write_chunk(state.v, v, ctx.offset), q_tail)
 
 
-def _staged_attention(q, state: PromptStaging, ctx: PrefillContext):
-    """Exact causal attention of a chunk's queries over the staged prompt keys."""
+def _staged_attention(q, state: PromptStaging, ctx: PrefillContext, impl: str = "xla"):
+    """Exact causal attention of a chunk's queries over the staged prompt keys (`prefix_attention`'s impl)."""
     q_pos = ctx.offset + jnp.arange(q.shape[2])
-    return prefix_attention(q, state.k, state.v, q_pos, f32_probs=BF16Attention()._f32())
+    f32 = BF16Attention(chunk_impl=impl)._chunk_f32()
+    return prefix_attention(q, state.k, state.v, q_pos, f32_probs=f32, impl=impl)
 
 
 def _staging(config, hq: HyQuantConfig, batch, prompt_len, dtype) -> PromptStaging:
@@ -131,6 +133,7 @@ class HybridAttention(RingFlushing):
     cache_dtype: dtype of the full-precision regions (None: k's dtype).
     decode_tuning: the decode kernels' launch knobs (`hyquant_jax.decode_kernel.DecodeTuning`, e.g. the Mosaic
     kernel's blocks per multiprocessor); None: their defaults. Ignored by the reference backend.
+    chunk_impl: chunked prefill's attention over the staged prompt, as `models.BF16Attention.chunk_impl`.
     """
 
     config: HyQuantConfig = HyQuantConfig()
@@ -138,12 +141,14 @@ class HybridAttention(RingFlushing):
     prefill_backend: str | None = None
     cache_dtype: Any = None
     decode_tuning: Any = None
+    chunk_impl: str = "xla"
 
     def __post_init__(self):
         _check_backend("HybridAttention.backend", self.backend)
         if self.prefill_backend is not None:
             _check_backend("HybridAttention.prefill_backend", self.prefill_backend)
         check_tuning(self.decode_tuning, "HybridAttention.decode_tuning")
+        check_chunk_impl("HybridAttention.chunk_impl", self.chunk_impl)
 
     def _dtype(self, x):
         return self.cache_dtype or x.dtype
@@ -160,7 +165,7 @@ class HybridAttention(RingFlushing):
                            min_length=ctx.min_length)
             return out, cache
         state = _stage_chunk(state, q, k, v, ctx)
-        return _staged_attention(q, state, ctx), state
+        return _staged_attention(q, state, ctx, self.chunk_impl), state
 
     def finish_prefill(self, layer, state, ctx: PrefillContext):
         if isinstance(state, HybridKVCache):

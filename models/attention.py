@@ -177,7 +177,7 @@ KEY_BLOCK = 4096  # key slots `prefix_attention` reads per step
 
 
 def prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, f32_probs: bool = False,
-                     logits_budget: int = LOGITS_BUDGET, key_block: int = KEY_BLOCK) -> jax.Array:
+                     logits_budget: int = LOGITS_BUDGET, key_block: int = KEY_BLOCK, impl: str = "xla") -> jax.Array:
     """Attention of a prompt chunk's queries over the keys written so far: query t (absolute position
     q_pos[t]) sees key slots 0 .. q_pos[t] of k, v (chunked prefill).
 
@@ -189,7 +189,23 @@ def prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array,
     within `logits_budget` bytes: 2048 rows at once for a 32-head model, where one step over all 128K slots
     of a 128K prompt would hold 34 GB. As in `grouped_attention`, the probabilities are cast to v.dtype for
     the PV product unless f32_probs, and a row without a visible key gives 0. Returns [B, Hq, T, D] in q.dtype.
+
+    impl "pallas": the same attention as one fused kernel (`pallas_kernels.prefix`, flash attention whose
+    logits stay in registers; Pallas interpret mode off the GPU; key tiles of 64 slots, or 32 or 16 where
+    they divide S); S must be a multiple of 16, f32_probs off unless v is float32.
     """
+    if impl == "pallas":
+        from pallas_kernels.prefix import prefix_attention as fused
+
+        if f32_probs and v.dtype != jnp.float32:
+            raise ValueError("prefix_attention: f32_probs with a non-float32 v needs impl='xla' (the kernel's P.V "
+                             "takes v.dtype)")
+        tile = next((n for n in (64, 32, 16) if k.shape[2] % n == 0), None)
+        if tile is None:
+            raise ValueError(f"prefix_attention: impl='pallas' needs the key slots S={k.shape[2]} to be a multiple "
+                             f"of 16 (for chunked prefill: prefill_chunk a multiple of 16)")
+        return fused(q, k, v, jnp.asarray(q_pos), block_k=tile, interpret=jax.default_backend() != "gpu")
+    check_chunk_impl("prefix_attention: impl", impl)
     b, hq, t, d = q.shape
     hkv, s = k.shape[1], k.shape[2]
     g = hq // hkv
@@ -237,6 +253,14 @@ def prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array,
     pb = jnp.pad(q_pos, (0, pad)).reshape(n, block)  # padded rows see slot 0 and are dropped below
     out = jax.lax.map(lambda x: attend(*x), (qb, pb))  # [n, B, Hq, block, D]
     return out.transpose(1, 2, 0, 3, 4).reshape(b, hq, n * block, -1)[:, :, :t]
+
+
+CHUNK_IMPLS = ("xla", "pallas")
+
+
+def check_chunk_impl(name: str, value: str) -> None:
+    if value not in CHUNK_IMPLS:
+        raise ValueError(f"{name} must be one of {CHUNK_IMPLS}, got {value!r}")
 
 
 def cudnn_applies(q: jax.Array) -> bool:
@@ -341,8 +365,9 @@ class BF16Attention:
     step reads the cache once and writes only the new token.
 
     prefill_impl: "auto" (cuDNN flash attention where `cudnn_applies`, XLA
-      elsewhere), "xla" or "cudnn" for whole-prompt prefill; chunked prefill
-      always uses XLA with a mask.
+      elsewhere), "xla" or "cudnn" for whole-prompt prefill.
+    chunk_impl: chunked prefill's attention (`prefix_attention`'s impl): "xla" (online softmax over key
+      blocks) or "pallas" (one fused kernel; not yet the default: to be timed on the GPU first).
     cache_dtype: storage dtype (None: the dtype of k, e.g. bf16).
     f32_probs: PV product in float32 (see `grouped_attention`); None: only
       off-GPU, where it matches the numerics of the jnp reference backends
@@ -358,10 +383,12 @@ class BF16Attention:
     cache_dtype: Any = None
     f32_probs: bool | None = None
     attend_first: bool = False
+    chunk_impl: str = "xla"
 
     def __post_init__(self):
         if self.prefill_impl not in ("auto", "xla", "cudnn"):
             raise ValueError(f"BF16Attention.prefill_impl must be 'auto', 'xla' or 'cudnn', got {self.prefill_impl!r}")
+        check_chunk_impl("BF16Attention.chunk_impl", self.chunk_impl)
 
     def _impl(self) -> str:
         if self.prefill_impl == "auto":
@@ -370,6 +397,10 @@ class BF16Attention:
 
     def _f32(self) -> bool:
         return jax.default_backend() != "gpu" if self.f32_probs is None else self.f32_probs
+
+    def _chunk_f32(self) -> bool:
+        """f32_probs for chunked prefill: the fused kernel takes P.V in v.dtype unless f32_probs is set."""
+        return self._f32() if self.chunk_impl == "xla" else bool(self.f32_probs)
 
     def prefill_state(self, config, batch, prompt_len, max_len, dtype, whole):
         dtype = self.cache_dtype or dtype
@@ -381,7 +412,7 @@ class BF16Attention:
         if ctx.whole:
             return causal_attention(q, k, v, self._impl(), self._f32()), state
         q_pos = ctx.offset + jnp.arange(q.shape[2])
-        return prefix_attention(q, state.k, state.v, q_pos, f32_probs=self._f32()), state
+        return prefix_attention(q, state.k, state.v, q_pos, f32_probs=self._chunk_f32(), impl=self.chunk_impl), state
 
     def finish_prefill(self, layer, state, ctx):
         return state

@@ -212,7 +212,8 @@ def test_e2e_in_place_times_decode_in_place(monkeypatch):
 
 def test_e2e_prefill_chunk_times_chunked_prefill():
     """e2e.py --prefill-chunk times `generate.prefill` in chunks of that size (the row says which), for the bf16
-    baseline and hyquant; a chunk that does not divide a prompt length is an argument error."""
+    baseline and hyquant, each chunk's attention through XLA or (--chunk-impl pallas) the fused kernel; a chunk
+    that does not divide a prompt length is an argument error."""
     import jax
     import jax.numpy as jnp
 
@@ -225,7 +226,12 @@ def test_e2e_prefill_chunk_times_chunked_prefill():
     for method in ("bf16", "hyquant"):
         attention, _ = e2e._attention(args, method)
         row = e2e._prefill_config(args, params, config, attention, method, 256)
-        assert (row["chunk"], row["prefix"]) == (128, 256) and row["seconds"] > 0
+        assert (row["chunk"], row["prefix"], row["chunk_impl"]) == (128, 256, "xla") and row["seconds"] > 0
+    fused = e2e.parse_args(["--smoke", "--sections", "prefill", "--prefill-chunk", "128", "--chunk-impl", "pallas"])
+    for method in ("bf16", "hyquant"):
+        attention, _ = e2e._attention(fused, method)
+        assert attention.chunk_impl == "pallas"
+    assert e2e._prefill_config(fused, params, config, attention, "hyquant", 256)["chunk_impl"] == "pallas"
     whole = e2e.parse_args(["--smoke", "--sections", "prefill"])
     assert e2e._prefill_config(whole, params, config, e2e._attention(whole, "bf16")[0], "bf16", 256)["chunk"] == 256
     for bad in ("100", "-1"):
@@ -235,7 +241,8 @@ def test_e2e_prefill_chunk_times_chunked_prefill():
 
 def test_chunked_prefill_attention_benchmark(tmp_path):
     """benchmarks/chunked_prefill_attention.py: the slots each way reads (a 4096-slot block per chunk end, or
-    the whole prompt per chunk), and a tiny run that writes every variant's row, a baseline module included."""
+    the whole prompt per chunk), and a tiny run that writes every variant's row, a baseline module and the
+    fused kernel (interpret mode) included."""
     import json
 
     from benchmarks import chunked_prefill_attention as cpa
@@ -246,10 +253,11 @@ def test_chunked_prefill_attention_benchmark(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cpa.main(["--out", str(tmp_path), "--name", "t", "--heads", "2", "--kv-heads", "1", "--head-dim", "16",
               "--prompt", "64", "--chunk", "16", "--dtype", "float32", "--reps", "1",
-              "--baseline", os.path.join(root, "models", "attention.py")])
+              "--baseline", os.path.join(root, "models", "attention.py"), "--pallas"])
     result = json.load(open(tmp_path / "t.json"))
-    assert [r["variant"] for r in result["rows"]] == ["blocks", "all_slots", "baseline"]
+    assert [r["variant"] for r in result["rows"]] == ["blocks", "all_slots", "baseline", "pallas"]
     assert all(r["seconds"] > 0 for r in result["rows"]) and result["environment"]["jax"]
+    assert result["pallas_rel_diff"] < 1e-5  # float32: the kernel and the XLA path agree to rounding
     with pytest.raises(SystemExit):
         cpa.main(["--prompt", "100", "--chunk", "16"])
 

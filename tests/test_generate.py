@@ -92,14 +92,20 @@ def test_hyquant_equals_bf16_when_nothing_is_quantized(params, prompts, hq):
     assert int(cache.page_count.sum()) == 0  # no token went to the low-bit region
 
 
-@pytest.mark.parametrize("kind", ["bf16", "hyquant_exact_prefill", "kivi4"])
+@pytest.mark.parametrize("kind", ["bf16", "hyquant_exact_prefill", "kivi4", "bf16_pallas", "hyquant_pallas"])
 def test_chunked_prefill_matches_whole_prompt(params, prompts, kind):
+    """Chunks of 32 give the whole prompt's tokens and caches, with each chunk's attention through XLA or
+    (`_pallas`, `chunk_impl="pallas"`) the fused kernel in interpret mode."""
     hq = dataclasses.replace(SMALL_HQ, prefill_qk="bf16")  # hybrid prefill then equals exact attention
-    attn = HybridAttention(hq) if kind.startswith("hyquant") else make_attention(kind)
+    impl = "pallas" if kind.endswith("_pallas") else "xla"
+    if kind.startswith("hyquant"):
+        attn = HybridAttention(hq, chunk_impl=impl)
+    else:
+        attn = BF16Attention(chunk_impl=impl) if kind.startswith("bf16") else make_attention(kind)
     whole = _run(params, prompts, attn, prefill_chunk=2048, keep_states=True)
     chunked = _run(params, prompts, attn, prefill_chunk=32, bucket=32, max_len=whole.max_len, keep_states=True)
     assert np.array_equal(chunked.tokens, whole.tokens)
-    if kind != "bf16":
+    if not kind.startswith("bf16"):
         for a, b in zip(jax.tree_util.tree_leaves(whole.states[1]), jax.tree_util.tree_leaves(chunked.states[1])):
             np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=1e-6)
 
