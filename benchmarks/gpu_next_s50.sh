@@ -4,7 +4,8 @@
 # Pallas interpret mode on the CPU. One H200 call per PART.
 # PART=k (~5 min): the kernel's GPU tests (compiled Triton kernel at the Qwen3-8B head shape against the XLA
 #   path and the float64 oracle), then one layer's attention over a 32K prompt's 2048-token chunks (XLA key
-#   blocks / all slots / the kernel, with the kernel's difference from XLA on the last chunk), then e2e's
+#   blocks / all slots / the kernel at its default launch and five others, with the kernel's difference from
+#   XLA on the last chunk), then e2e's
 #   chunked 32K prefill with each chunk attention (session 50 measured 3.9 s chunked with XLA against 1.3 s
 #   whole). If the kernel is correct and faster, make it the default (`chunk_impl`) and re-time.
 # PART=l (~6 min): the same at a 128K prompt: e2e's chunked prefill, kernel then XLA (one timed run each).
@@ -16,10 +17,11 @@ case "${PART:-k}" in
 k)
   PYTHONPATH=. timeout 200 python3 -m pytest -q -m gpu tests/test_prefix_kernel.py > "$OUT/prefix_kernel_gpu_tests.log" 2>&1
   echo "tests rc=$?"; tail -3 "$OUT/prefix_kernel_gpu_tests.log"
-  PYTHONPATH=. timeout 150 python3 benchmarks/chunked_prefill_attention.py --out "$OUT" \
+  PYTHONPATH=. timeout 200 python3 benchmarks/chunked_prefill_attention.py --out "$OUT" \
     --name chunked_prefill_attention_pallas_h200 --prompt 32768 --chunk 2048 --reps 3 --pallas \
+    --pallas-launches "128,64,8,2;128,64,4,2;64,64,4,3;128,128,8,2;64,32,4,2" \
     > "$OUT/chunked_prefill_attention_pallas_h200.log" 2>&1
-  echo "attention rc=$?"; tail -6 "$OUT/chunked_prefill_attention_pallas_h200.log"
+  echo "attention rc=$?"; tail -11 "$OUT/chunked_prefill_attention_pallas_h200.log"
   for impl in pallas xla; do
     PYTHONPATH=. timeout 150 python3 benchmarks/e2e.py --out "$OUT" --name e2e_chunked_prefill_$impl --sections prefill \
       --methods bf16,hyquant --prefill-prefixes 32768 --prefill-chunk 2048 --chunk-impl $impl --reps 2 --no-plot \

@@ -253,13 +253,17 @@ def test_chunked_prefill_attention_benchmark(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cpa.main(["--out", str(tmp_path), "--name", "t", "--heads", "2", "--kv-heads", "1", "--head-dim", "16",
               "--prompt", "64", "--chunk", "16", "--dtype", "float32", "--reps", "1",
-              "--baseline", os.path.join(root, "models", "attention.py"), "--pallas"])
+              "--baseline", os.path.join(root, "models", "attention.py"), "--pallas",
+              "--pallas-launches", "16,16,4,2;24,16,4,2"])
     result = json.load(open(tmp_path / "t.json"))
-    assert [r["variant"] for r in result["rows"]] == ["blocks", "all_slots", "baseline", "pallas"]
-    assert all(r["seconds"] > 0 for r in result["rows"]) and result["environment"]["jax"]
+    assert [r["variant"] for r in result["rows"]] == ["blocks", "all_slots", "baseline", "pallas",
+                                                      "pallas_q16_k16_w4_s2", "pallas_q24_k16_w4_s2"]
+    assert all(r["seconds"] > 0 for r in result["rows"][:-1]) and result["environment"]["jax"]
+    assert "block_q must be a power of two" in result["rows"][-1]["error"]  # a failed launch: recorded, run goes on
     assert result["pallas_rel_diff"] < 1e-5  # float32: the kernel and the XLA path agree to rounding
-    with pytest.raises(SystemExit):
-        cpa.main(["--prompt", "100", "--chunk", "16"])
+    for bad in (["--prompt", "100", "--chunk", "16"], ["--pallas-launches", "64,64,4"]):
+        with pytest.raises(SystemExit):
+            cpa.main(bad)
 
 
 def _counting(fn, name, calls):
