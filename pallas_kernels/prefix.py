@@ -2,8 +2,9 @@
 queries over the key slots staged so far.
 
 Query row t (absolute position q_pos[t]) sees key slots 0 .. q_pos[t]. One program takes `block_q` rows of
-one query head and runs a base-2 online softmax over key tiles of `block_k` slots, only up to the tile that
-holds the block's last position: tiles every row sees whole run without a mask, the rest with the causal
+one KV head's group of query heads (the group's heads at consecutive positions, so each key tile it loads
+serves every head of the group) and runs a base-2 online softmax over key tiles of `block_k` slots, only up
+to the tile that holds the block's last position: tiles every row sees whole run without a mask, the rest with the causal
 mask. The float32 logits stay in registers, where `models.prefix_attention` (the XLA reference) writes a
 step's logits to memory and reads them back for the softmax and the P.V product.
 
@@ -30,8 +31,8 @@ _NT = (((1,), (1,)), ((), ()))  # q . k^T with both operands row-major [rows, D]
 
 def _kernel(meta_ref, pos_ref, q_ref, k_ref, v_ref, o_ref, *, block_k: int, factor: float):
     n_full, n_tiles = meta_ref[0], meta_ref[1]
-    q = q_ref[...]  # [BQ, D]
-    pos = pos_ref[...]  # [BQ] int32
+    q = q_ref[...]  # [BQ, D]: query rows (heads of one KV group x positions)
+    pos = pos_ref[...]  # [BQ] int32: each row's position
     block_q, d = q.shape
 
     def tile(i, carry, masked):
@@ -87,35 +88,40 @@ def prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array,
 
     q [B, Hq, T, D]; k, v [B, Hkv, S, D] (Hkv divides Hq; S a multiple of block_k); q_pos int [T], positions
     past S - 1 see all S slots and negative ones none (output 0). P.V takes the probabilities in v.dtype.
+    block_q: rows of a program (query heads x positions of one KV group); block_k: key slots of a tile.
     Returns [B, Hq, T, D] in q.dtype.
     """
     check_prefix_inputs(q, k, v, q_pos, block_q, block_k)
     b, hq, t, d = q.shape
     hkv, s = k.shape[1], k.shape[2]
     group = hq // hkv
-    nqb = -(-t // block_q)
-    pad = nqb * block_q - t
+    # Rows of a program: the group's query heads at consecutive positions (row r = position r // group, head
+    # r % group of the KV head), so that each key tile a program loads serves all heads of its KV group.
+    unit = block_q // math.gcd(block_q, group)  # positions whose rows fill whole blocks
+    tp = -(-t // unit) * unit
     pos = jnp.minimum(q_pos.astype(jnp.int32), s - 1)
-    pos = jnp.pad(pos, (0, pad), mode="edge")  # padded rows repeat the last position: no extra tiles
-    qp = jnp.pad(q, ((0, 0), (0, 0), (0, pad), (0, 0)))
-    blocks = pos.reshape(nqb, block_q)
+    pos = jnp.pad(pos, (0, tp - t), mode="edge")  # padded positions repeat the last one: no extra tiles
+    rows = jnp.pad(q, ((0, 0), (0, 0), (0, tp - t), (0, 0))).reshape(b, hkv, group, tp, d)
+    rows = rows.transpose(0, 1, 3, 2, 4).reshape(b, hkv, tp * group, d)
+    nblk = tp * group // block_q
+    blocks = jnp.repeat(pos, group).reshape(nblk, block_q)  # each row's position
     n_full = jnp.maximum((blocks.min(axis=1) + 1) // block_k, 0)  # tiles every row of the block sees whole
     n_tiles = jnp.maximum(blocks.max(axis=1) // block_k + 1, 0)
-    meta = jnp.stack([n_full, n_tiles], axis=1).astype(jnp.int32)  # [nqb, 2]
+    meta = jnp.stack([n_full, n_tiles], axis=1).astype(jnp.int32)  # [nblk, 2]
 
-    kv_spec = pl.BlockSpec((None, None, s, d), lambda h, c, bb: (bb, lax.div(h, jnp.int32(group)), 0, 0))
-    q_spec = pl.BlockSpec((None, None, block_q, d), lambda h, c, bb: (bb, h, c, 0))
+    kv_spec = pl.BlockSpec((None, None, s, d), lambda h, c, bb: (bb, h, 0, 0))
+    row_spec = pl.BlockSpec((None, None, block_q, d), lambda h, c, bb: (bb, h, c, 0))
     out = pl.pallas_call(
         functools.partial(_kernel, block_k=block_k, factor=LOG2E / math.sqrt(d)),
-        # (query head, query block, batch): the heads of one KV group read the same keys close in time (L2)
-        grid=(hq, nqb, b),
+        grid=(hkv, nblk, b),
         in_specs=[pl.BlockSpec((None, 2), lambda h, c, bb: (c, 0)),
                   pl.BlockSpec((block_q,), lambda h, c, bb: (c,)),
-                  q_spec, kv_spec, kv_spec],
-        out_specs=q_spec,
-        out_shape=jax.ShapeDtypeStruct((b, hq, nqb * block_q, d), q.dtype),
+                  row_spec, kv_spec, kv_spec],
+        out_specs=row_spec,
+        out_shape=jax.ShapeDtypeStruct((b, hkv, tp * group, d), q.dtype),
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="hyquant_prefix_attention",
-    )(meta, pos, qp, k, v)
+    )(meta, blocks.reshape(-1), rows, k, v)
+    out = out.reshape(b, hkv, tp, group, d).transpose(0, 1, 3, 2, 4).reshape(b, hq, tp, d)
     return out[:, :, :t]

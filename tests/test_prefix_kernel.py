@@ -34,7 +34,7 @@ def _oracle(q, k, v, q_pos):
 
 
 @settings(max_examples=8, deadline=None)
-@given(b=st.integers(1, 2), hkv=st.integers(1, 2), g=st.sampled_from([1, 2, 4]), t=st.integers(1, 40),
+@given(b=st.integers(1, 2), hkv=st.integers(1, 2), g=st.sampled_from([1, 2, 3, 4]), t=st.integers(1, 40),
        offset=st.integers(0, 50), tiles=st.integers(0, 2), block_q=st.sampled_from([16, 32]),
        seed=st.integers(0, 2**16))
 def test_interpret_matches_float64_oracle(b, hkv, g, t, offset, tiles, block_q, seed):
