@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import add_output_sum, environment, load_module, time_in_loop, write_json  # noqa: E402
 from models.attention import KEY_BLOCK, prefix_attention  # noqa: E402
+from pallas_kernels.prefix import key_tile  # noqa: E402
 from pallas_kernels.prefix import prefix_attention as fused_prefix_attention  # noqa: E402
 
 
@@ -106,7 +107,7 @@ def main(argv=None) -> dict:
     if args.baseline:
         variants.append(("baseline", load_module(args.baseline, "baseline_attention").prefix_attention, args.prompt))
     if args.pallas:  # the kernel's key tiles: 64 slots where they divide the prompt (as `prefix_attention`)
-        tile = next((n for n in (64, 32, 16) if args.prompt % n == 0), 16)
+        tile = key_tile(args.prompt) or 16
         variants.append(("pallas", partial(prefix_attention, impl="pallas"), tile))
     for bq, bk, warps, stages in launches:
         variants.append((f"pallas_q{bq}_k{bk}_w{warps}_s{stages}",

@@ -195,12 +195,13 @@ def prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array,
     they divide S); S must be a multiple of 16, f32_probs off unless v is float32.
     """
     if impl == "pallas":
+        from pallas_kernels.prefix import key_tile
         from pallas_kernels.prefix import prefix_attention as fused
 
         if f32_probs and v.dtype != jnp.float32:
             raise ValueError("prefix_attention: f32_probs with a non-float32 v needs impl='xla' (the kernel's P.V "
                              "takes v.dtype)")
-        tile = next((n for n in (64, 32, 16) if k.shape[2] % n == 0), None)
+        tile = key_tile(k.shape[2])
         if tile is None:
             raise ValueError(f"prefix_attention: impl='pallas' needs the key slots S={k.shape[2]} to be a multiple "
                              f"of 16 (for chunked prefill: prefill_chunk a multiple of 16)")

@@ -57,6 +57,11 @@ def _kernel(meta_ref, pos_ref, q_ref, k_ref, v_ref, o_ref, *, block_k: int, fact
     o_ref[...] = (acc / jnp.where(l > 0.0, l, 1.0)[:, None]).astype(o_ref.dtype)  # a row that saw no key: 0
 
 
+def key_tile(slots: int) -> int | None:
+    """The key tile for `slots` staged slots: 64, or 32 or 16 where 64 does not divide them (None: no tile)."""
+    return next((n for n in (64, 32, 16) if slots % n == 0), None)
+
+
 def _is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
