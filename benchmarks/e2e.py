@@ -116,9 +116,10 @@ def parse_args(argv=None):
                    help="prefill section: run the prompt in chunks of this many tokens (chunked prefill, "
                         "`generate(prefill_chunk=...)`; must divide every --prefill-prefixes); 0: the whole prompt "
                         "in one call")
-    p.add_argument("--chunk-impl", default="xla", choices=("xla", "pallas"),
+    p.add_argument("--chunk-impl", default="auto", choices=("auto", "xla", "pallas"),
                    help="chunked prefill's attention for bf16 and hyquant (their `chunk_impl`): XLA's online "
-                        "softmax over key blocks, or the fused Pallas kernel (`pallas_kernels/prefix.py`)")
+                        "softmax over key blocks, the fused Pallas kernel (`pallas_kernels/prefix.py`), or auto "
+                        "(the library's default: the kernel on a GPU); rows record the one that ran")
     p.add_argument("--steps", type=int, default=64, help="decode steps per timed loop")
     p.add_argument("--reps", type=int, default=3, help="timed loops per config (median)")
     p.add_argument("--model", default="qwen3-8b", choices=sorted(MODELS),
@@ -446,7 +447,7 @@ def _prefill_config(args, params, config, attention, method, prefix, mesh=None):
         del states
     seconds = statistics.median(times[1:]) if len(times) > 1 else times[0]
     return {"method": method, "prefix": prefix, "batch": batch, "chunk": chunk,
-            "chunk_impl": getattr(attention, "chunk_impl", "xla"), "seconds": seconds,
+            "chunk_impl": _chunk_impl_run(attention, config, prefix), "seconds": seconds,
             "tokens_per_s": batch * prefix / seconds, "compile_s": compile_s, "peak_bytes": _peak_bytes(mesh)}
 
 
@@ -611,6 +612,19 @@ def worker_env(args) -> dict:
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="true", XLA_PYTHON_CLIENT_MEM_FRACTION=args.mem_fraction)
     env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "hyquant_e2e_jax_cache"))
     return env
+
+
+def _chunk_impl_run(attention, config, slots: int) -> str:
+    """The chunk attention a prefill row ran: the attention's `chunk_impl`, with "auto" resolved as
+    `models.prefix_attention` resolves it for bf16 staging of `slots` keys (the quantized baselines: XLA)."""
+    import jax.numpy as jnp
+
+    from models.attention import fused_chunk_applies
+
+    impl = getattr(attention, "chunk_impl", "xla")
+    if impl == "auto":
+        return "pallas" if fused_chunk_applies(slots, config.head_dim, jnp.bfloat16, False) else "xla"
+    return impl
 
 
 def _host_environment(argv) -> dict:

@@ -141,7 +141,7 @@ class HybridAttention(RingFlushing):
     prefill_backend: str | None = None
     cache_dtype: Any = None
     decode_tuning: Any = None
-    chunk_impl: str = "xla"
+    chunk_impl: str = "auto"
 
     def __post_init__(self):
         _check_backend("HybridAttention.backend", self.backend)

@@ -225,6 +225,7 @@ def test_e2e_prefill_chunk_times_chunked_prefill():
     params = init_params(jax.random.PRNGKey(0), config, jnp.bfloat16)
     for method in ("bf16", "hyquant"):
         attention, _ = e2e._attention(args, method)
+        assert attention.chunk_impl == "auto"  # the library's default, the XLA path off the GPU
         row = e2e._prefill_config(args, params, config, attention, method, 256)
         assert (row["chunk"], row["prefix"], row["chunk_impl"]) == (128, 256, "xla") and row["seconds"] > 0
     fused = e2e.parse_args(["--smoke", "--sections", "prefill", "--prefill-chunk", "128", "--chunk-impl", "pallas"])

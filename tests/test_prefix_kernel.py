@@ -113,6 +113,36 @@ def test_bad_inputs_name_the_argument():
         xla_prefix_attention(q, jnp.zeros((1, 2, 40, 16)), jnp.zeros((1, 2, 40, 16)), pos, impl="pallas")
 
 
+def test_auto_takes_the_kernel_only_where_it_applies(monkeypatch):
+    """chunk_impl "auto": off the GPU it is the XLA path (bit for bit); on a GPU (the backend faked here, the
+    rule only) the kernel needs bf16/fp16 values without f32_probs, S a multiple of 16 and a power-of-two
+    head_dim."""
+    import models.attention as attention
+
+    rng = np.random.default_rng(5)
+    q, k, v = (jnp.asarray(a, jnp.bfloat16) for a in _inputs(rng, 1, 4, 2, 24, 48, 16))
+    pos = 20 + jnp.arange(24, dtype=jnp.int32)
+    assert np.array_equal(np.asarray(xla_prefix_attention(q, k, v, pos, impl="auto"), np.float32),
+                          np.asarray(xla_prefix_attention(q, k, v, pos, impl="xla"), np.float32))
+    assert not attention.fused_chunk_applies(48, 16, jnp.bfloat16, False)  # the CPU backend
+    monkeypatch.setattr(attention.jax, "default_backend", lambda: "gpu")
+    assert attention.fused_chunk_applies(48, 16, jnp.bfloat16, False)
+    assert attention.fused_chunk_applies(4096, 128, jnp.float16, False)
+    for slots, head_dim, dtype, f32_probs in ((40, 16, jnp.bfloat16, False), (48, 96, jnp.bfloat16, False),
+                                               (48, 16, jnp.float32, False), (48, 16, jnp.bfloat16, True)):
+        assert not attention.fused_chunk_applies(slots, head_dim, dtype, f32_probs)
+
+
+@pytest.mark.gpu
+def test_gpu_auto_is_the_kernel():
+    """On the GPU, chunk_impl "auto" at the Qwen3-8B head shape runs the fused kernel (the same bits)."""
+    rng = np.random.default_rng(11)
+    q, k, v = (jnp.asarray(a, jnp.bfloat16) for a in _inputs(rng, 1, 32, 8, 512, 2048, 128))
+    q_pos = 1024 + jnp.arange(512, dtype=jnp.int32)
+    auto = xla_prefix_attention(q, k, v, q_pos, impl="auto")
+    assert np.array_equal(np.asarray(auto, np.float32), np.asarray(prefix_attention(q, k, v, q_pos), np.float32))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("offset,t,s", [(0, 2048, 4096), (6144, 2048, 8192), (1000, 777, 2048)])
 def test_gpu_kernel_matches_xla_and_oracle(offset, t, s):
