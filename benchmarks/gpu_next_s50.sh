@@ -39,9 +39,10 @@ l)
   done
   ;;
 m)
-  # Session 51, after the kernel became chunk_impl "auto"'s choice on the GPU with block_q 128: its GPU tests
-  # (with "auto"), the launch sweep again around the new default, e2e's chunked 32K and 128K prefill with the
-  # defaults, 128K with XLA's chunk attention (hyquant), and the whole 128K prompt for comparison.
+  # Prepared in session 51 (no device lent after its first call), after the kernel became chunk_impl "auto"'s
+  # choice on the GPU: its GPU tests (with "auto", and block_q 128 against the references: if they pass and the
+  # sweep confirms 128 rows faster, make 128 the default), the launch sweep around the default, e2e's chunked
+  # 32K and 128K prefill with the defaults, 128K with XLA's chunk attention (hyquant), the whole 128K prompt.
   PYTHONPATH=. timeout 200 python3 -m pytest -q -m gpu tests/test_prefix_kernel.py > "$OUT/prefix_kernel_gpu_tests_s51.log" 2>&1
   echo "tests rc=$?"; tail -1 "$OUT/prefix_kernel_gpu_tests_s51.log"
   PYTHONPATH=. timeout 200 python3 benchmarks/chunked_prefill_attention.py --out "$OUT" \

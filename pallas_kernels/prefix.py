@@ -86,16 +86,18 @@ def check_prefix_inputs(q, k, v, q_pos, block_q: int, block_k: int) -> None:
 
 
 @functools.partial(jax.jit, static_argnames=("block_q", "block_k", "num_warps", "num_stages", "interpret"))
-def prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, *, block_q: int = 128,
+def prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, *, block_q: int = 64,
                      block_k: int = 64, num_warps: int = 4, num_stages: int = 2,
                      interpret: bool = False) -> jax.Array:
     """Query t attends over key slots 0 .. q_pos[t] (chunked prefill; `models.prefix_attention`'s contract).
 
     q [B, Hq, T, D]; k, v [B, Hkv, S, D] (Hkv divides Hq; S a multiple of block_k); q_pos int [T], positions
     past S - 1 see all S slots and negative ones none (output 0). P.V takes the probabilities in v.dtype.
-    block_q: rows of a program (query heads x positions of one KV group); block_k: key slots of a tile. The
-    default launch (128 rows, 4 warps, 2 stages) was the fastest of six at the Qwen3-8B shape over a 32K
-    prompt's 2048-token chunks on the H200 (benchmarks/results/chunked_prefill_attention_pallas.json).
+    block_q: rows of a program (query heads x positions of one KV group); block_k: key slots of a tile. At the
+    Qwen3-8B shape over a 32K prompt's 2048-token chunks on the H200, this default launch (64 rows, 4 warps,
+    2 stages) took 0.025 s a layer and 128 rows 0.020 s, the fastest of six
+    (benchmarks/results/chunked_prefill_attention_pallas.json); 128 rows is not the default until its output
+    is checked on the GPU (`test_gpu_kernel_matches_xla_and_oracle` runs both).
     Returns [B, Hq, T, D] in q.dtype.
     """
     check_prefix_inputs(q, k, v, q_pos, block_q, block_k)

@@ -144,14 +144,15 @@ def test_gpu_auto_is_the_kernel():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("block_q", [64, 128])
 @pytest.mark.parametrize("offset,t,s", [(0, 2048, 4096), (6144, 2048, 8192), (1000, 777, 2048)])
-def test_gpu_kernel_matches_xla_and_oracle(offset, t, s):
+def test_gpu_kernel_matches_xla_and_oracle(offset, t, s, block_q):
     """The compiled kernel at the Qwen3-8B head shape (32 / 8 heads, head_dim 128, bf16) against the XLA path
-    (bf16 rounding) and, for two query heads, the float64 oracle."""
+    (bf16 rounding) and, for two query heads, the float64 oracle; the default launch and 128 rows."""
     rng = np.random.default_rng(offset + t)
     q, k, v = (jnp.asarray(a, jnp.bfloat16) for a in _inputs(rng, 1, 32, 8, t, s, 128))
     q_pos = offset + jnp.arange(t, dtype=jnp.int32)
-    got = np.asarray(prefix_attention(q, k, v, q_pos), np.float32)
+    got = np.asarray(prefix_attention(q, k, v, q_pos, block_q=block_q), np.float32)
     want = np.asarray(xla_prefix_attention(q, k, v, q_pos), np.float32)
     assert np.isfinite(got).all()
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2
