@@ -466,3 +466,37 @@ def test_e2e_mosaic_blocks_per_sm_reaches_the_hybrid_attention():
     for flag in ("--mosaic-splits", "--mosaic-blocks-per-sm"):
         with pytest.raises(SystemExit):
             e2e.parse_args(["--smoke", flag, "0"])
+
+
+def test_stream_probe_configs_lower_and_slopes():
+    """benchmarks/stream_probe.py: config names parse (bad ones name the rule), the copy-only kernel lowers for
+    CUDA in the kernel's shape and in a wide multi-page one, and the slope between two B=1 contexts removes
+    the fixed cost."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+
+    from benchmarks import stream_probe as sp
+
+    assert sp.parse_config("w256_p4_s3") == dict(width=256, pages=4, stages=3, small=True)
+    assert sp.parse_config("w64_p1_s2_codes")["small"] is False
+    for bad in ("w96_p1_s2", "w64_p8_s2", "p1_w64_s2", "w64_p1"):
+        with pytest.raises(ValueError, match="config"):
+            sp.parse_config(bad)
+    assert sp.PAGE_BYTES == 8960
+    ops = sp.operands(1, 2, 1024)
+    q = jnp.zeros((16,), jnp.float32)
+    for name in ("w64_p1_s2", "w256_p4_s3", "w128_p2_s2_codes"):
+        fn = jax.jit(functools.partial(sp.stream, splits=2, **sp.parse_config(name)))
+        assert "mosaic_gpu" in fn.trace(q, *ops).lower(lowering_platforms=("cuda",)).as_text(), name
+    with pytest.raises(ValueError, match="must divide"):
+        sp.stream(q, *sp.operands(1, 2, 192), width=64, pages=2, stages=2, small=True, splits=1)
+    # 1 ms for 1e9 bytes, 2 ms for 4e9: 3e9 bytes in 1 ms = 3 TB/s, and 1 ms - 1e9 / 3e12 s = 0.667 ms fixed
+    rows = [{"config": "a", "batch": 1, "context": 1, "bytes": 1e9, "ms": 1.0},
+            {"config": "a", "batch": 1, "context": 4, "bytes": 4e9, "ms": 2.0},
+            {"config": "a", "batch": 16, "context": 1, "bytes": 9e9, "ms": 9.0},
+            {"config": "b", "batch": 1, "context": 1, "bytes": 1e9, "error": "x"}]
+    slopes = sp.fixed_cost_slopes(rows)
+    assert set(slopes) == {"a"} and slopes["a"]["contexts"] == [1, 4]
+    assert abs(slopes["a"]["tb_s"] - 3.0) < 1e-9 and abs(slopes["a"]["fixed_us"] - 1000 / 1.5) < 1e-6

@@ -1,0 +1,217 @@
+"""How fast can a Mosaic GPU kernel stream the low-bit decode pages? A copy-only kernel, swept over copy shapes.
+
+Session 38 measured the low-bit decode kernel's own streaming floor (its copies, slots and barriers, no work:
+`mosaic_ablation_variants.py copy_only`) at ~2.9 TB/s at B1 128K, and ~3.1 TB/s with wider TMA boxes, where
+plain XLA reads reach ~4.3 TB/s (`read_bandwidth.py`). Four slots in flight did not raise it, so it is not
+the bytes in flight per block. This probe asks which copy shape would: it streams arrays of the cache's
+shapes (`decode_mgpu.low_bit_splits`' operands: uint8 key and value codes [B, H, S, 64], bf16 key scales
+and zero points [B, H, S / 64, 128], bf16 value scales and zero points [B, H, S]) with the kernel's grid
+(B, H, splits), `default_splits`, and its loop (wait for a slot's copies, one warpgroup barrier, warp 0
+refills the slot), varying
+
+  width    bytes per TMA box row for the codes: 64 (the cache's rows, as the kernel copies them) or 128 / 256
+           (the same bytes reshaped for free to wider rows); the value codes keep the kernel's swizzle where
+           the row allows one (64 or 128 bytes), none at 256;
+  pages    pages per slot, i.e. per copy of each array (one box of pages * 4096 code bytes);
+  stages   slots in flight per block;
+  small    whether the four small copies (key scales and zeros, value scales and zeros) are made.
+
+A config is named w{width}_p{pages}_s{stages}[_codes]. It prints ms per call (in a jitted loop, as
+`decode_mgpu_ab.py` times the kernel) and TB/s over the streamed bytes; with two or more contexts at B=1 it
+also gives the slope between the shortest and longest (bytes over the time difference, without the fixed
+cost of a call). w64_p1_s2 is the kernel's streaming as it is. If a config streams much faster, the decode
+kernel could take its pages in that shape (the floor bounds the B1 128K kernel: benchmarks/NOTES.md, session 38).
+
+  PYTHONPATH=. python benchmarks/stream_probe.py --out DIR [--cases 1x32768,1x131072,16x32768] [--configs ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from pallas_kernels.decode_mgpu import BYTES, HEAD_DIM, PAGE, default_splits  # noqa: E402
+from pallas_kernels.prefill_mgpu import _swizzled  # noqa: E402
+
+DEFAULT_CONFIGS = ("w64_p1_s2,w64_p1_s4,w64_p2_s2,w64_p4_s2,w64_p4_s3,w128_p1_s2,w128_p4_s2,w256_p1_s2,"
+                   "w256_p2_s2,w256_p4_s2,w256_p4_s3,w64_p1_s2_codes,w256_p4_s2_codes")
+PAGE_BYTES = 2 * PAGE * BYTES + 2 * HEAD_DIM * 2 + 2 * PAGE * 2  # 8960: codes, key parameters, value parameters
+CODE_BYTES = 2 * PAGE * BYTES
+
+
+def parse_config(name: str) -> dict:
+    """'w256_p4_s2[_codes]' -> dict(width=256, pages=4, stages=2, small=True/False); ValueError names the rule."""
+    parts = name.split("_")
+    small = parts[-1] != "codes"
+    parts = parts if small else parts[:-1]
+    try:
+        width, pages, stages = (int(p[1:]) for p, tag in zip(parts, "wps", strict=True) if p[0] == tag)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"config must be w{{64|128|256}}_p{{pages}}_s{{stages}}[_codes], got {name!r}") from err
+    if width not in (64, 128, 256) or pages < 1 or stages < 1:
+        raise ValueError(f"config {name!r}: width must be 64, 128 or 256, pages and stages >= 1")
+    if pages * PAGE > 256 or pages * PAGE * BYTES // width > 256:
+        raise ValueError(f"config {name!r}: a TMA box has at most 256 rows (pages * 64 value parameters, "
+                         f"pages * 4096 / width code rows)")
+    return dict(width=width, pages=pages, stages=stages, small=small)
+
+
+def _kernel(q_ref, kc_ref, vc_ref, ks_ref, kz_ref, vs_ref, vz_ref, o_ref,
+            kc_s, vc_s, ks_s, kz_s, vs_s, vz_s, o_s, full, *, splits: int, pages: int, stages: int, rows: int,
+            small: bool, chunks: int):
+    del q_ref  # only orders the calls of the timing loop
+    b, h, split = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("splits")
+    per_split = (chunks + splits - 1) // splits
+    first = jnp.minimum(split * per_split, chunks)
+    stop = jnp.minimum(first + per_split, chunks)
+
+    def issue(c, slot):
+        bar = full.at[slot]
+        plgpu.copy_gmem_to_smem(kc_ref.at[b, h, pl.ds(c * rows, rows)], kc_s.at[slot], bar)
+        plgpu.copy_gmem_to_smem(vc_ref.at[b, h, pl.ds(c * rows, rows)], vc_s.at[slot], bar)
+        if small:
+            plgpu.copy_gmem_to_smem(ks_ref.at[b, h, pl.ds(c * pages, pages)], ks_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(kz_ref.at[b, h, pl.ds(c * pages, pages)], kz_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(vs_ref.at[b, h, pl.ds(c * pages * PAGE, pages * PAGE)], vs_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(vz_ref.at[b, h, pl.ds(c * pages * PAGE, pages * PAGE)], vz_s.at[slot], bar)
+
+    for k in range(stages):
+        @pl.when(first + k < stop)
+        def _prologue(k=k):
+            issue(first + k, k)
+
+    def body(c, carry):
+        slot = (c - first) % stages
+        plgpu.barrier_wait(full.at[slot])
+        plgpu.commit_smem()  # as the kernel's commit: every thread is past the slot before its refill
+
+        @pl.when(c + stages < stop)
+        def _refill():
+            @plgpu.warp_map
+            def _(warp):
+                @pl.when(warp == 0)
+                def _():
+                    issue(c + stages, slot)
+
+        return carry
+
+    lax.fori_loop(first, stop, body, 0)
+    o_s[...] = jnp.zeros((128,), jnp.float32)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_s, o_ref.at[b, h, split])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def stream(q, k_codes, v_codes, k_scale, k_zero, v_scale, v_zero, *, width: int, pages: int, stages: int,
+           small: bool, splits: int):
+    """Stream every page of the operands once (their shapes are `low_bit_splits`'); returns zeros f32
+    [B, H, splits, 128]. q (any small array) only orders the calls of a timing loop."""
+    bsz, heads, slots, _ = k_codes.shape
+    total_pages = slots // PAGE
+    if total_pages % pages:
+        raise ValueError(f"pages per slot ({pages}) must divide the {total_pages} pages")
+    rows = pages * PAGE * BYTES // width
+    kc = k_codes.reshape(bsz, heads, slots * BYTES // width, width)  # the same bytes in wider rows
+    vc = v_codes.reshape(bsz, heads, slots * BYTES // width, width)
+    u8, bf16 = jnp.uint8, jnp.bfloat16
+    value_transforms = _swizzled(u8, width) if width <= 128 else ()
+    copies = 6 if small else 2
+    kernel = plgpu.kernel(
+        functools.partial(_kernel, splits=splits, pages=pages, stages=stages, rows=rows, small=small,
+                          chunks=total_pages // pages),
+        out_type=jax.ShapeDtypeStruct((bsz, heads, splits, 128), jnp.float32),
+        grid=(bsz, heads, splits),
+        grid_names=("batch", "heads", "splits"),
+        scratch_types=[
+            plgpu.SMEM((stages, rows, width), u8),
+            plgpu.SMEM((stages, rows, width), u8, transforms=value_transforms),
+            plgpu.SMEM((stages, pages, HEAD_DIM), bf16),
+            plgpu.SMEM((stages, pages, HEAD_DIM), bf16),
+            plgpu.SMEM((stages, pages * PAGE), bf16),
+            plgpu.SMEM((stages, pages * PAGE), bf16),
+            plgpu.SMEM((128,), jnp.float32),
+            plgpu.Barrier(num_arrivals=copies, num_barriers=stages),
+        ],
+        compiler_params=plgpu.CompilerParams(unsafe_no_auto_barriers=True),
+    )
+    return kernel(q, kc, vc, k_scale, k_zero, v_scale, v_zero)
+
+
+def operands(batch: int, heads: int, context: int):
+    """Random operands of `low_bit_splits`' shapes (the values do not matter to a copy)."""
+    pages = context // PAGE
+    key = jax.random.PRNGKey(0)
+    codes = jax.random.randint(key, (2, batch, heads, context, BYTES), 0, 256, jnp.int32).astype(jnp.uint8)
+    ks, kz = (jnp.ones((batch, heads, pages, HEAD_DIM), jnp.bfloat16) for _ in range(2))
+    vs, vz = (jnp.ones((batch, heads, context), jnp.bfloat16) for _ in range(2))
+    return codes[0], codes[1], ks, kz, vs, vz
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=".")
+    p.add_argument("--name", default="stream_probe")
+    p.add_argument("--cases", default="1x32768,1x131072,16x32768", help="BxS list (Qwen3-8B's 8 KV heads)")
+    p.add_argument("--configs", default=DEFAULT_CONFIGS, help="comma list of w{width}_p{pages}_s{stages}[_codes]")
+    p.add_argument("--per-sm", type=int, default=2, help="blocks per multiprocessor for default_splits")
+    p.add_argument("--iters", type=int, default=50)
+    args = p.parse_args()
+    from benchmarks.common import add_output_sum, environment, sm_count, time_in_loop, write_json
+
+    configs = {name: parse_config(name) for name in args.configs.split(",") if name}
+    heads, rows = 8, []
+    for item in args.cases.split(","):
+        batch, context = (int(x) for x in item.split("x"))
+        ops = operands(batch, heads, context)
+        pages = context // PAGE
+        splits = default_splits(batch, heads, pages, sms=sm_count(), per_sm=args.per_sm)
+        q = jnp.zeros((16,), jnp.float32)
+        for name, cfg in configs.items():
+            nbytes = batch * heads * pages * (PAGE_BYTES if cfg["small"] else CODE_BYTES)
+            row = {"batch": batch, "context": context, "config": name, **cfg, "splits": splits, "bytes": nbytes}
+            try:
+                fn = functools.partial(stream, splits=splits, **cfg)
+                sec = time_in_loop(lambda q, *o, fn=fn: fn(q, *o), q, ops, args.iters, feedback=add_output_sum)
+                row.update(ms=sec * 1e3, tb_s=nbytes / sec / 1e12)
+                print(f"B{batch} {context:>6} {name:<18} splits {splits:>3}: {sec * 1e3:.4f} ms, "
+                      f"{nbytes / sec / 1e12:.2f} TB/s", flush=True)
+            except Exception as err:  # a shape Mosaic rejects: recorded, the sweep goes on
+                row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+                print(f"B{batch} {context:>6} {name:<18} failed: {row['error']}", flush=True)
+            rows.append(row)
+    slopes = fixed_cost_slopes(rows)
+    for name, s in slopes.items():
+        print(f"slope B1 {name:<18}: {s['tb_s']:.2f} TB/s over {s['contexts']}, fixed cost ~{s['fixed_us']:.1f} us")
+    write_json(os.path.join(args.out, args.name + ".json"),
+               {"environment": environment(), "args": vars(args), "rows": rows, "slopes_b1": slopes})
+
+
+def fixed_cost_slopes(rows) -> dict:
+    """Per config, from the B=1 rows at the shortest and longest context: the streaming rate over the bytes
+    between them (TB/s) and the time left at zero bytes (us), i.e. the fixed cost of a call."""
+    out = {}
+    for name in dict.fromkeys(r["config"] for r in rows):
+        b1 = sorted((r for r in rows if r["config"] == name and r["batch"] == 1 and "ms" in r),
+                    key=lambda r: r["context"])
+        if len(b1) < 2 or b1[-1]["bytes"] == b1[0]["bytes"]:
+            continue
+        lo, hi = b1[0], b1[-1]
+        dt = (hi["ms"] - lo["ms"]) * 1e-3
+        rate = (hi["bytes"] - lo["bytes"]) / dt if dt > 0 else float("inf")
+        out[name] = {"contexts": [lo["context"], hi["context"]], "tb_s": rate / 1e12,
+                     "fixed_us": (lo["ms"] * 1e-3 - lo["bytes"] / rate) * 1e6}
+    return out
+
+
+if __name__ == "__main__":
+    main()
