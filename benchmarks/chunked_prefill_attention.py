@@ -14,7 +14,7 @@ staged keys with `models.prefix_attention`. The ways to compute it, timed in one
              (GPU; Pallas interpret mode elsewhere, slow). Its relative L2 difference from `blocks` on the
              last chunk is recorded (`pallas_rel_diff`);
   pallas_qQ_kK_wW_sS  with --pallas-launches "Q,K,W,S;...": the kernel with block_q Q, block_k K, W warps and
-             S pipeline stages, to pick the default launch.
+             S pipeline stages, to pick the default launch (each with its last chunk's difference from XLA).
 
 Reports seconds for the whole prompt (one layer; median of --reps timed calls after a warm-up call) and
 the key slots each way reads, summed over chunks (for the kernel, whose query blocks stop at their own last
@@ -61,12 +61,13 @@ def slots_read(prompt: int, chunk: int, key_block: int) -> int:
     return sum(min(prompt, -(-(c + chunk) // kb) * kb) for c in range(0, prompt, chunk))
 
 
-def last_chunk_difference(q, k, v, chunk: int) -> float:
-    """Relative L2 difference of the fused kernel's output from the XLA path's on the prompt's last chunk."""
+def last_chunk_difference(q, k, v, chunk: int, attend=partial(prefix_attention, impl="pallas")) -> float:
+    """Relative L2 difference of attend's output (by default the fused kernel's) from the XLA path's on the
+    prompt's last chunk."""
     prompt = q.shape[2]
     qc, pos = q[:, :, prompt - chunk:], prompt - chunk + jnp.arange(chunk)
     want = prefix_attention(qc, k, v, pos).astype(jnp.float32)
-    got = prefix_attention(qc, k, v, pos, impl="pallas").astype(jnp.float32)
+    got = attend(qc, k, v, pos).astype(jnp.float32)
     return float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
 
 
@@ -122,13 +123,16 @@ def main(argv=None) -> dict:
                "slots_read": slots_read(args.prompt, args.chunk, key_block)}
         try:
             row["seconds"] = time_in_loop(fn, q, (k, v), iters=1, reps=args.reps, feedback=add_output_sum)
+            if name.startswith("pallas_q"):  # a launch is only a candidate if its output is right too
+                row["rel_diff_last_chunk"] = last_chunk_difference(q, k, v, args.chunk, attend)
         except Exception as err:  # a launch of the sweep that does not compile (registers, shared memory)
             if not name.startswith("pallas_q"):
                 raise
             row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
         rows.append(row)
+        diff = f", {row['rel_diff_last_chunk']:.2e} from XLA on the last chunk" if "rel_diff_last_chunk" in row else ""
         print(f"{name:26s} key block {row['key_block']:6d}: " + (f"{row['seconds']:.3f} s" if "seconds" in row
-              else row["error"][:120]) + f", {row['slots_read']} slots read (at most, for the kernel)")
+              else row["error"][:120]) + f", {row['slots_read']} slots read (at most, for the kernel){diff}")
     blocks = rows[0]["seconds"]
     result = {"environment": environment(), "args": vars(args), "rows": rows,
               "x_blocks": {r["variant"]: r["seconds"] / blocks for r in rows[1:] if "seconds" in r}}

@@ -262,6 +262,7 @@ def test_chunked_prefill_attention_benchmark(tmp_path):
     assert all(r["seconds"] > 0 for r in result["rows"][:-1]) and result["environment"]["jax"]
     assert "block_q must be a power of two" in result["rows"][-1]["error"]  # a failed launch: recorded, run goes on
     assert result["pallas_rel_diff"] < 1e-5  # float32: the kernel and the XLA path agree to rounding
+    assert result["rows"][-2]["rel_diff_last_chunk"] < 1e-5  # each launch of the sweep is checked as well
     for bad in (["--prompt", "100", "--chunk", "16"], ["--pallas-launches", "64,64,4"]):
         with pytest.raises(SystemExit):
             cpa.main(bad)
