@@ -13,6 +13,10 @@ or several variants of the module against the current one (each a full copy of t
 patch by `benchmarks/prepare_decode_variants.sh`), in the order current / variants... / current again:
 
   PYTHONPATH=. python benchmarks/decode_mgpu_ab.py --variant .gpu_run/variants/a.py --variant ... --out DIR
+
+or the current module with several `pages_per_copy` (current / current_ppc2 / ... / current again):
+
+  PYTHONPATH=. python benchmarks/decode_mgpu_ab.py --pages-per-copy 1,2,4 --out DIR
 """
 
 from __future__ import annotations
@@ -41,17 +45,21 @@ def main():
     p.add_argument("--name", default="decode_mgpu_ab")
     p.add_argument("--cases", default="16x32768,1x131072,1x32768", help="BxS list")
     p.add_argument("--per-sm", default="2", help="comma list: blocks per multiprocessor for default_splits")
+    p.add_argument("--pages-per-copy", default="1",
+                   help="comma list: `low_bit_splits(pages_per_copy=...)` for each module (those that take it)")
     args = p.parse_args()
     from benchmarks.decode_kernel import CONFIG, make_inputs
 
-    if not args.prev and not args.variant:
-        p.error("give --prev or at least one --variant")
+    per_copy = [int(x) for x in args.pages_per_copy.split(",")]
+    if not args.prev and not args.variant and len(per_copy) < 2:
+        p.error("give --prev, at least one --variant, or two or more --pages-per-copy")
     modules = [("previous", load_module(args.prev, "decode_mgpu_previous"))] if args.prev else []
     modules.append(("current", current))
     for path in args.variant:
         name = os.path.splitext(os.path.basename(path))[0]
         modules.append((name, load_module(path, "decode_mgpu_" + name)))
-    modules.append((modules[0][0] + "_again", modules[0][1]))
+    kernels = [(name + (f"_ppc{n}" if n > 1 else ""), mod, n) for name, mod in modules for n in per_copy]
+    kernels.append((modules[0][0] + "_again", modules[0][1], 1))
     os.makedirs(args.out, exist_ok=True)
     rows = []
     for item in args.cases.split(","):
@@ -64,15 +72,17 @@ def main():
         ref = None
         for per_sm in (int(x) for x in args.per_sm.split(",")):
             splits = current.default_splits(c.batch, 8, c.page_count.shape[1], per_sm=per_sm)
-            for name, mod in modules:
-                def fn(q, *operands, mod=mod, splits=splits):
+            for name, mod, n in kernels:
+                extra = dict(pages_per_copy=n) if n > 1 else {}  # earlier modules do not take the argument
+
+                def fn(q, *operands, mod=mod, splits=splits, extra=extra):
                     o, m, l = mod.low_bit_splits(mod.kernel_query(q, 8, 1 / math.sqrt(128)), *operands,
-                                                 num_splits=splits)
+                                                 num_splits=splits, **extra)
                     return mod.merge(o, m, l)[:, :, :4].reshape(q.shape).astype(q.dtype)
 
                 got = np.asarray(jax.jit(fn)(inp.q, *ops), np.float64)
                 ref = got if ref is None else ref
-                row = dict(batch=batch, context=context, per_sm=per_sm, splits=splits, kernel=name,
+                row = dict(batch=batch, context=context, per_sm=per_sm, splits=splits, kernel=name, pages_per_copy=n,
                            ms=1e3 * time_in_loop(fn, inp.q, ops, iters, 5),
                            max_rel_diff_vs_first=float(np.abs(got - ref).max() / np.abs(ref).max()))
                 print(json.dumps(row), flush=True)

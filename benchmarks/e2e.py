@@ -142,6 +142,9 @@ def parse_args(argv=None):
     p.add_argument("--mosaic-splits", type=int, default=None,
                    help="HyQuant decode: a fixed split count per (sequence, KV head) for the Mosaic low-bit kernel "
                         "(DecodeTuning.mosaic_splits, overrides --mosaic-blocks-per-sm; default: default_splits)")
+    p.add_argument("--mosaic-pages-per-copy", type=int, default=None,
+                   help="HyQuant decode: pages per slot and bulk copy of the Mosaic low-bit kernel "
+                        "(DecodeTuning.mosaic_pages_per_copy, 1-4; default: the library's, 1)")
     p.add_argument("--key-bits", type=int, default=4)
     p.add_argument("--value-bits", type=int, default=4)
     from hyquant_jax.config import SCHEMES, HyQuantConfig  # jax import only: no device is initialised
@@ -183,7 +186,8 @@ def parse_args(argv=None):
     bad = [n for n in _ints(args.prefill_prefixes) if args.prefill_chunk and n % args.prefill_chunk]
     if args.prefill_chunk < 0 or bad:
         p.error(f"--prefill-chunk must be 0 or divide every --prefill-prefixes, got {args.prefill_chunk} for {bad}")
-    for flag, value in (("--mosaic-blocks-per-sm", args.mosaic_blocks_per_sm), ("--mosaic-splits", args.mosaic_splits)):
+    for flag, value in (("--mosaic-blocks-per-sm", args.mosaic_blocks_per_sm), ("--mosaic-splits", args.mosaic_splits),
+                        ("--mosaic-pages-per-copy", args.mosaic_pages_per_copy)):
         if value is not None and value < 1:
             p.error(f"{flag} must be >= 1, got {value}")
     if args.mesh:
@@ -216,10 +220,11 @@ def _attention(args, method):
     hq = HyQuantConfig(key_bits=args.key_bits, value_bits=args.value_bits, scheme=args.scheme, window=args.window,
                        rho=args.rho, prefill_block=args.prefill_block)
     tuning = None
-    if args.mosaic_blocks_per_sm is not None or args.mosaic_splits is not None:
+    knobs = dict(mosaic_blocks_per_sm=args.mosaic_blocks_per_sm, mosaic_splits=args.mosaic_splits,
+                 mosaic_pages_per_copy=args.mosaic_pages_per_copy)
+    if any(v is not None for v in knobs.values()):
         from hyquant_jax.decode_kernel import DecodeTuning
 
-        knobs = dict(mosaic_blocks_per_sm=args.mosaic_blocks_per_sm, mosaic_splits=args.mosaic_splits)
         tuning = DecodeTuning(**{k: v for k, v in knobs.items() if v is not None})
     attention = make_attention(method, hq, backend=args.backend, prefill_backend=args.prefill_backend,
                                cache_dtype=jnp.bfloat16, decode_tuning=tuning)

@@ -85,10 +85,10 @@ _COPY_BODY = """    def body(page, carry):
         return carry
 
 """
-SMALL_COPIES = ("        plgpu.copy_gmem_to_smem(ks_ref.at[b, h, page], ks_s.at[slot], bar)\n",
-                "        plgpu.copy_gmem_to_smem(kz_ref.at[b, h, page], kz_s.at[slot], bar)\n",
-                "        plgpu.copy_gmem_to_smem(vs_ref.at[b, h, pl.ds(page * PAGE, PAGE)], vs_s.at[slot], bar)\n",
-                "        plgpu.copy_gmem_to_smem(vz_ref.at[b, h, pl.ds(page * PAGE, PAGE)], vz_s.at[slot], bar)\n")
+SMALL_COPIES = ("            plgpu.copy_gmem_to_smem(ks_ref.at[b, h, page], ks_s.at[slot], bar)\n",
+                "            plgpu.copy_gmem_to_smem(kz_ref.at[b, h, page], kz_s.at[slot], bar)\n",
+                "            plgpu.copy_gmem_to_smem(vs_ref.at[b, h, pl.ds(page * PAGE, PAGE)], vs_s.at[slot], bar)\n",
+                "            plgpu.copy_gmem_to_smem(vz_ref.at[b, h, pl.ds(page * PAGE, PAGE)], vz_s.at[slot], bar)\n")
 
 
 def _replace(text: str, old: str, new: str) -> str:
@@ -107,16 +107,22 @@ PV_OVERLAP = [
     def body(page, carry):
 """),
     ("""        acc, m, l_part, z_part = carry
-        slot = (page - first) % stages
-        count = plgpu.load(cnt_ref.at[b, page])  # issued before the wait: its latency hides behind the copy
-        with jax.named_scope("wait"):
-            plgpu.barrier_wait(full.at[slot])
-        with jax.named_scope("keys"):
-            keys = key_tile(kc_s.at[slot], ks_s.at[slot], kz_s.at[slot], staging_s)
+        if ppc == 1:
+            slot = buf = (page - first) % stages
 """, """        acc, m, l_part, z_part, keys = carry
-        slot = (page - first) % stages
-        count = plgpu.load(cnt_ref.at[b, page])
+        if ppc == 1:
+            slot = buf = (page - first) % stages
 """),
+    ("""        with jax.named_scope("wait"):
+            if ppc == 1:
+                plgpu.barrier_wait(full.at[slot])
+            else:
+                @pl.when(sub == 0)
+                def _wait():
+                    plgpu.barrier_wait(full.at[slot])
+        with jax.named_scope("keys"):
+            keys = key_tile(kc_s.at[buf], ks_s.at[buf], kz_s.at[buf], staging_s)
+""", ""),
     ("""            plgpu.wgmma(acc_ref, values, p_s)
             return acc_ref[...]
 """, """            plgpu.wgmma(acc_ref, values, p_s)
@@ -140,15 +146,15 @@ PV_OVERLAP = [
 
 
 WIDE_KEYS = [
-    ("        plgpu.copy_gmem_to_smem(kc_ref.at[b, h, pl.ds(page * PAGE, PAGE)], kc_s.at[slot], bar)\n",
-     "        plgpu.copy_gmem_to_smem(kc_ref.at[b, h, pl.ds(page * 16, 16)], kc_s.at[slot], bar)\n"),
-    ("            plgpu.SMEM((stages, PAGE, BYTES), u8),\n", "            plgpu.SMEM((stages, 16, 256), u8),\n"),
+    ("            plgpu.copy_gmem_to_smem(kc_ref.at[b, h, pl.ds(page * PAGE, PAGE)], kc_s.at[slot], bar)\n",
+     "            plgpu.copy_gmem_to_smem(kc_ref.at[b, h, pl.ds(page * 16, 16)], kc_s.at[slot], bar)\n"),
+    ("            plgpu.SMEM((stages * ppc, PAGE, BYTES), u8),\n", "            plgpu.SMEM((stages, 16, 256), u8),\n"),
     ("    o_t, ml = kernel(q, k_codes,", "    o_t, ml = kernel(q, k_codes.reshape(bsz, heads, pages * 16, 256),"),
 ]
 WIDE_VALUES = [
-    ("        plgpu.copy_gmem_to_smem(vc_ref.at[b, h, pl.ds(page * PAGE, PAGE)], vc_s.at[slot], bar)\n",
-     "        plgpu.copy_gmem_to_smem(vc_ref.at[b, h, pl.ds(page * 32, 32)], vc_s.at[slot], bar)\n"),
-    ("            plgpu.SMEM((stages, PAGE, BYTES), u8, transforms=_swizzled(u8, BYTES)),",
+    ("            plgpu.copy_gmem_to_smem(vc_ref.at[b, h, pl.ds(page * PAGE, PAGE)], vc_s.at[slot], bar)\n",
+     "            plgpu.copy_gmem_to_smem(vc_ref.at[b, h, pl.ds(page * 32, 32)], vc_s.at[slot], bar)\n"),
+    ("            plgpu.SMEM((stages * ppc, PAGE, BYTES), u8, transforms=_swizzled(u8, BYTES)),",
      "            plgpu.SMEM((stages, 32, 128), u8, transforms=_swizzled(u8, 128)),"),
     ("        arg_types=(plgpu.RefType(transforms=_swizzled(jnp.uint8, BYTES)),),",
      "        arg_types=(plgpu.RefType(transforms=_swizzled(jnp.uint8, 128)),),"),

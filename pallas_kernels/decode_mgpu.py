@@ -309,30 +309,50 @@ NATURAL_FROM_VALUE_ROWS = np.argsort(VALUE_CHANNELS)
 
 def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_ref, o_ref, ml_ref,
             q_s, kc_s, ks_s, kz_s, vc_s, vs_s, vz_s, staging_s, p_s, o_s, ml_s, flag_s, setup_bar, full,
-            *query_staging, stages: int, num_splits: int, group: int, query_scale: float | None):
+            *query_staging, stages: int, num_splits: int, group: int, query_scale: float | None,
+            pages_per_copy: int = 1):
     b, h, split = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("splits")
+    ppc = pages_per_copy  # pages a slot holds: each of its six copies moves that many pages' worth
     if query_scale is None:
         plgpu.copy_gmem_to_smem(q_ref.at[b, h], q_s, setup_bar)
     else:  # the step's q as the model computed it: this KV head's group of rows, prepared after the copy
         plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(h * group, group)], query_staging[0], setup_bar)
     num_pages = plgpu.load(np_ref.at[b])
-    per_split = (num_pages + num_splits - 1) // num_splits
-    first = jnp.minimum(split * per_split, num_pages)
-    stop = jnp.minimum(first + per_split, num_pages)
+    if ppc == 1:
+        per_split = (num_pages + num_splits - 1) // num_splits
+        first = jnp.minimum(split * per_split, num_pages)
+        stop = jnp.minimum(first + per_split, num_pages)
+        first_chunk, stop_chunk = first, stop
+    else:  # splits of whole chunks (ppc pages each); a split's last chunk may be cut by num_pages
+        chunks = (num_pages + ppc - 1) // ppc
+        per_split = (chunks + num_splits - 1) // num_splits
+        first_chunk = jnp.minimum(split * per_split, chunks)
+        stop_chunk = jnp.minimum(first_chunk + per_split, chunks)
+        first, stop = first_chunk * ppc, jnp.minimum(stop_chunk * ppc, num_pages)
 
-    def issue(page, slot):
+    def issue(chunk, slot):
+        """Copy chunk `chunk` (pages chunk * ppc onwards) into slot `slot`, whose pages are the buffers
+        slot * ppc .. slot * ppc + ppc - 1 (with ppc > 1 the codes and value parameters come as [pages, 64, ...]
+        views)."""
         bar = full.at[slot]
-        plgpu.copy_gmem_to_smem(kc_ref.at[b, h, pl.ds(page * PAGE, PAGE)], kc_s.at[slot], bar)
-        plgpu.copy_gmem_to_smem(ks_ref.at[b, h, page], ks_s.at[slot], bar)
-        plgpu.copy_gmem_to_smem(kz_ref.at[b, h, page], kz_s.at[slot], bar)
-        plgpu.copy_gmem_to_smem(vc_ref.at[b, h, pl.ds(page * PAGE, PAGE)], vc_s.at[slot], bar)
-        plgpu.copy_gmem_to_smem(vs_ref.at[b, h, pl.ds(page * PAGE, PAGE)], vs_s.at[slot], bar)
-        plgpu.copy_gmem_to_smem(vz_ref.at[b, h, pl.ds(page * PAGE, PAGE)], vz_s.at[slot], bar)
+        if ppc == 1:
+            page = chunk
+            plgpu.copy_gmem_to_smem(kc_ref.at[b, h, pl.ds(page * PAGE, PAGE)], kc_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(ks_ref.at[b, h, page], ks_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(kz_ref.at[b, h, page], kz_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(vc_ref.at[b, h, pl.ds(page * PAGE, PAGE)], vc_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(vs_ref.at[b, h, pl.ds(page * PAGE, PAGE)], vs_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(vz_ref.at[b, h, pl.ds(page * PAGE, PAGE)], vz_s.at[slot], bar)
+            return
+        src, dst = pl.ds(chunk * ppc, ppc), pl.ds(slot * ppc, ppc)
+        for ref, buf in ((kc_ref, kc_s), (ks_ref, ks_s), (kz_ref, kz_s), (vc_ref, vc_s), (vs_ref, vs_s),
+                         (vz_ref, vz_s)):
+            plgpu.copy_gmem_to_smem(ref.at[b, h, src], buf.at[dst], bar)
 
     for k in range(stages):
-        @pl.when(first + k < stop)
+        @pl.when(first_chunk + k < stop_chunk)
         def _prologue(k=k):
-            issue(first + k, k)
+            issue(first_chunk + k, k)
 
     plgpu.barrier_wait(setup_bar)
     if query_scale is not None:
@@ -356,16 +376,26 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
         # The named scopes are the regions of the optional trace (`low_bit_splits(profile_dir=...)`); without
         # it they generate no code.
         acc, m, l_part, z_part = carry
-        slot = (page - first) % stages
+        if ppc == 1:
+            slot = buf = (page - first) % stages
+        else:  # page `sub` of the chunk in slot `slot`
+            chunk, sub = (page - first) // ppc, (page - first) % ppc
+            slot = chunk % stages
+            buf = slot * ppc + sub
         count = plgpu.load(cnt_ref.at[b, page])  # issued before the wait: its latency hides behind the copy
         with jax.named_scope("wait"):
-            plgpu.barrier_wait(full.at[slot])
+            if ppc == 1:
+                plgpu.barrier_wait(full.at[slot])
+            else:
+                @pl.when(sub == 0)
+                def _wait():
+                    plgpu.barrier_wait(full.at[slot])
         with jax.named_scope("keys"):
-            keys = key_tile(kc_s.at[slot], ks_s.at[slot], kz_s.at[slot], staging_s)
+            keys = key_tile(kc_s.at[buf], ks_s.at[buf], kz_s.at[buf], staging_s)
 
         def qk(acc_ref):
             plgpu.wgmma(acc_ref, keys, q_s.T)
-            values = value_tile(vc_s.at[slot])  # unpacked while the tensor cores run Q.K
+            values = value_tile(vc_s.at[buf])  # unpacked while the tensor cores run Q.K
             return acc_ref[...], values
 
         with jax.named_scope("qk_values"):
@@ -373,8 +403,8 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
         with jax.named_scope("softmax"):
             tokens = plgpu.broadcasted_iota(jnp.int32, (PAGE, ROWS), 0, layout=wg)
             s = jnp.where(tokens < count, s, -jnp.inf)
-            v_scale = plgpu.load(vs_s.at[slot], layout=wg.reduce(1)).astype(jnp.float32)
-            v_zero = plgpu.load(vz_s.at[slot], layout=wg.reduce(1)).astype(jnp.float32)
+            v_scale = plgpu.load(vs_s.at[buf], layout=wg.reduce(1)).astype(jnp.float32)
+            v_zero = plgpu.load(vz_s.at[buf], layout=wg.reduce(1)).astype(jnp.float32)
 
             # Lazy max: the running max m is kept unless a logit of this page exceeds it by more than
             # LAZY_MAX_SLACK, so p = 2^(s - m) <= 2^LAZY_MAX_SLACK and no cross-warp maximum is needed. A thread
@@ -404,14 +434,25 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
         with jax.named_scope("redo"):
             acc, m, l_part, z_part = lax.cond(flag_s[page % 2] == page + 1, redo, keep)
 
-        @pl.when(page + stages < stop)
-        def _refill():
-            # One warp issues the slot's copies; the other three skip their address arithmetic.
-            @plgpu.warp_map
-            def _(warp):
-                @pl.when(warp == 0)
-                def _():
-                    issue(page + stages, slot)
+        if ppc == 1:
+            @pl.when(page + stages < stop)
+            def _refill():
+                # One warp issues the slot's copies; the other three skip their address arithmetic.
+                @plgpu.warp_map
+                def _(warp):
+                    @pl.when(warp == 0)
+                    def _():
+                        issue(page + stages, slot)
+        else:  # after the chunk's last page, when every thread is done with the slot
+            following = first_chunk + chunk + stages
+
+            @pl.when((sub == ppc - 1) & (following < stop_chunk))
+            def _refill_chunk():
+                @plgpu.warp_map
+                def _(warp):
+                    @pl.when(warp == 0)
+                    def _():
+                        issue(following, slot)
 
         def pv(acc_ref):
             plgpu.wgmma(acc_ref, values, p_s)
@@ -438,10 +479,14 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
     plgpu.wait_smem_to_gmem(0)
 
 
-@functools.partial(jax.jit, static_argnames=("num_splits", "stages", "profile_dir", "packed", "query_scale"))
+MAX_PAGES_PER_COPY = 4  # a TMA box has at most 256 rows: 4 pages of 64 value scales
+
+
+@functools.partial(jax.jit, static_argnames=("num_splits", "stages", "profile_dir", "packed", "query_scale",
+                                             "pages_per_copy"))
 def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_count, num_pages, *,
                    num_splits: int, stages: int = 2, profile_dir: str | None = None, packed: bool = False,
-                   query_scale: float | None = None):
+                   query_scale: float | None = None, pages_per_copy: int = 1):
     """Split-K decode attention over the low-bit pages of each (sequence, KV head), on the cache's own arrays.
 
     q: f16 [B, H, 16, 128], query rows of each KV head's GQA group (zero rows past the group), channels in
@@ -461,6 +506,10 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
     (`benchmarks/profile_decode_mgpu.py` summarizes it). The profile adds a few cycles per region.
     packed: return (o, ml) as the kernel writes them, o f32 [B, H, splits, 128, 16] and ml f32
     [B, H, splits, 2, 16] (m, l), with no transpose or slice after the kernel (`decode_merge` reads them so).
+    pages_per_copy: pages a slot holds (1 to MAX_PAGES_PER_COPY, dividing the cache's pages): each slot is
+    filled by six copies of that many pages' codes and parameters, and splits are whole runs of such chunks.
+    Larger copies are a candidate for a faster stream (benchmarks/stream_probe.py); 1 is the kernel as timed
+    in benchmarks/NOTES.md, and larger values have not yet run on a GPU.
     """
     bsz, heads, slots, _ = k_codes.shape
     pages = slots // PAGE
@@ -485,22 +534,27 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
             raise ValueError(f"{name} must be {jnp.dtype(dtype).name} {shape}, got {x.dtype} {x.shape}")
     if num_splits < 1 or stages < 1:
         raise ValueError(f"num_splits and stages must be >= 1, got {num_splits}, {stages}")
+    ppc = pages_per_copy
+    if not 1 <= ppc <= MAX_PAGES_PER_COPY or pages % ppc:
+        raise ValueError(f"pages_per_copy must be in 1..{MAX_PAGES_PER_COPY} and divide the cache's {pages} pages, "
+                         f"got {ppc}")
     f32, u8, bf16 = jnp.float32, jnp.uint8, jnp.bfloat16
     kernel = plgpu.kernel(
         functools.partial(_kernel, stages=stages, num_splits=num_splits, group=group,
-                          query_scale=None if query_scale is None else float(query_scale)),
+                          query_scale=None if query_scale is None else float(query_scale),
+                          **(dict(pages_per_copy=ppc) if ppc > 1 else {})),
         out_type=(jax.ShapeDtypeStruct((bsz, heads, num_splits, HEAD_DIM, ROWS), f32),
                   jax.ShapeDtypeStruct((bsz, heads, num_splits, 2, ROWS), f32)),
         grid=(bsz, heads, num_splits),
         grid_names=("batch", "heads", "splits"),
         scratch_types=[
             plgpu.SMEM((ROWS, HEAD_DIM), jnp.float16, transforms=_swizzled(jnp.float16, HEAD_DIM)),
-            plgpu.SMEM((stages, PAGE, BYTES), u8),
-            plgpu.SMEM((stages, HEAD_DIM), bf16),
-            plgpu.SMEM((stages, HEAD_DIM), bf16),
-            plgpu.SMEM((stages, PAGE, BYTES), u8, transforms=_swizzled(u8, BYTES)),  # 64-byte swizzle
-            plgpu.SMEM((stages, PAGE), bf16),
-            plgpu.SMEM((stages, PAGE), bf16),
+            plgpu.SMEM((stages * ppc, PAGE, BYTES), u8),
+            plgpu.SMEM((stages * ppc, HEAD_DIM), bf16),
+            plgpu.SMEM((stages * ppc, HEAD_DIM), bf16),
+            plgpu.SMEM((stages * ppc, PAGE, BYTES), u8, transforms=_swizzled(u8, BYTES)),  # 64-byte swizzle
+            plgpu.SMEM((stages * ppc, PAGE), bf16),
+            plgpu.SMEM((stages * ppc, PAGE), bf16),
             plgpu.SMEM((HEAD_DIM,), jnp.int32),  # f16 pairs of the key scales and zeros
             plgpu.SMEM((PAGE, ROWS), jnp.float16, transforms=_swizzled(jnp.float16, ROWS)),
             plgpu.SMEM((HEAD_DIM, ROWS), f32),
@@ -524,6 +578,9 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
             **(dict(profile_space=16 * (pages // num_splits + 2), profile_dir=profile_dir,
                     profile_bounds_check=True) if profile_dir else {})),
     )
+    if ppc > 1:  # page-major views (free reshapes), so that one copy takes whole pages
+        k_codes, v_codes = (x.reshape(bsz, heads, pages, PAGE, BYTES) for x in (k_codes, v_codes))
+        v_scale, v_zero = (x.reshape(bsz, heads, pages, PAGE) for x in (v_scale, v_zero))
     o_t, ml = kernel(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_count, num_pages)
     if packed:
         return o_t, ml

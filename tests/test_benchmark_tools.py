@@ -21,7 +21,9 @@ def test_parse_tunings_fields_and_default_items():
 
 def test_parse_tunings_mosaic_splits():
     (t,) = parse_tunings("mosaic_splits=5,mosaic_stages=3")
-    assert (t.mosaic_splits, t.mosaic_stages, t.mosaic_blocks_per_sm) == (5, 3, 2)
+    assert (t.mosaic_splits, t.mosaic_stages, t.mosaic_blocks_per_sm, t.mosaic_pages_per_copy) == (5, 3, 2, 1)
+    (t,) = parse_tunings("mosaic_ppc=4")
+    assert t.mosaic_pages_per_copy == 4
 
 
 def test_select_cases_by_name_and_by_shape():
@@ -462,9 +464,11 @@ def test_e2e_mosaic_blocks_per_sm_reaches_the_hybrid_attention():
     assert attention.decode_tuning == DecodeTuning(mosaic_blocks_per_sm=1)
     attention, _ = e2e._attention(e2e.parse_args(["--smoke", "--mosaic-splits", "16"]), "hyquant")
     assert attention.decode_tuning == DecodeTuning(mosaic_splits=16)
+    attention, _ = e2e._attention(e2e.parse_args(["--smoke", "--mosaic-pages-per-copy", "4"]), "hyquant")
+    assert attention.decode_tuning == DecodeTuning(mosaic_pages_per_copy=4)
     attention, _ = e2e._attention(e2e.parse_args(["--smoke"]), "hyquant")
     assert attention.decode_tuning is None
-    for flag in ("--mosaic-splits", "--mosaic-blocks-per-sm"):
+    for flag in ("--mosaic-splits", "--mosaic-blocks-per-sm", "--mosaic-pages-per-copy"):
         with pytest.raises(SystemExit):
             e2e.parse_args(["--smoke", flag, "0"])
 
