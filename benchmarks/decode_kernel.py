@@ -204,7 +204,7 @@ def sweep(inp: Inputs, config, iters, reps, log) -> tuple[DecodeTuning, list]:
 TUNING_KEYS = {"warps": "num_warps", "stages": "num_stages", "pages": "pages_per_tile", "n_low": "n_low",
                "n_vl": "n_vl", "convert": "convert", "low": "low_bit", "mosaic_per_sm": "mosaic_blocks_per_sm",
                "mosaic_stages": "mosaic_stages", "mosaic_splits": "mosaic_splits",
-               "mosaic_ppc": "mosaic_pages_per_copy"}
+               "mosaic_ppc": "mosaic_pages_per_copy", "mosaic_wide": "mosaic_wide"}
 STRING_KEYS = ("convert", "low")
 
 
@@ -229,7 +229,8 @@ def parse_tunings(spec: str) -> list[DecodeTuning]:
     """'warps=1,pages=1;warps=2' -> [DecodeTuning(num_warps=1, pages_per_tile=1), DecodeTuning(num_warps=2)].
 
     An empty item is the default tuning. Keys: warps, stages, pages, n_low, n_vl, convert, low (the low-bit
-    kernel: mosaic or triton), mosaic_per_sm, mosaic_stages, mosaic_splits, mosaic_ppc (pages per copy).
+    kernel: mosaic or triton), mosaic_per_sm, mosaic_stages, mosaic_splits, mosaic_ppc (pages per copy),
+    mosaic_wide (0 or 1).
     """
     out = []
     for item in spec.split(";"):

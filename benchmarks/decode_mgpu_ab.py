@@ -14,9 +14,10 @@ patch by `benchmarks/prepare_decode_variants.sh`), in the order current / varian
 
   PYTHONPATH=. python benchmarks/decode_mgpu_ab.py --variant .gpu_run/variants/a.py --variant ... --out DIR
 
-or the current module with several `pages_per_copy` (current / current_ppc2 / ... / current again):
+or the current module with several `pages_per_copy`, and with --wide each also with `wide=True` (current /
+current_wide / current_ppc2 / current_ppc2_wide / ... / current again):
 
-  PYTHONPATH=. python benchmarks/decode_mgpu_ab.py --pages-per-copy 1,2,4 --out DIR
+  PYTHONPATH=. python benchmarks/decode_mgpu_ab.py --pages-per-copy 1,2,4 --wide --out DIR
 """
 
 from __future__ import annotations
@@ -47,19 +48,21 @@ def main():
     p.add_argument("--per-sm", default="2", help="comma list: blocks per multiprocessor for default_splits")
     p.add_argument("--pages-per-copy", default="1",
                    help="comma list: `low_bit_splits(pages_per_copy=...)` for each module (those that take it)")
+    p.add_argument("--wide", action="store_true", help="also time each module and pages_per_copy with wide=True")
     args = p.parse_args()
     from benchmarks.decode_kernel import CONFIG, make_inputs
 
     per_copy = [int(x) for x in args.pages_per_copy.split(",")]
-    if not args.prev and not args.variant and len(per_copy) < 2:
-        p.error("give --prev, at least one --variant, or two or more --pages-per-copy")
+    if not args.prev and not args.variant and len(per_copy) < 2 and not args.wide:
+        p.error("give --prev, at least one --variant, --wide, or two or more --pages-per-copy")
     modules = [("previous", load_module(args.prev, "decode_mgpu_previous"))] if args.prev else []
     modules.append(("current", current))
     for path in args.variant:
         name = os.path.splitext(os.path.basename(path))[0]
         modules.append((name, load_module(path, "decode_mgpu_" + name)))
-    kernels = [(name + (f"_ppc{n}" if n > 1 else ""), mod, n) for name, mod in modules for n in per_copy]
-    kernels.append((modules[0][0] + "_again", modules[0][1], 1))
+    kernels = [(name + (f"_ppc{n}" if n > 1 else "") + ("_wide" if wide else ""), mod, n, wide)
+               for name, mod in modules for n in per_copy for wide in ((False, True) if args.wide else (False,))]
+    kernels.append((modules[0][0] + "_again", modules[0][1], 1, False))
     os.makedirs(args.out, exist_ok=True)
     rows = []
     for item in args.cases.split(","):
@@ -72,8 +75,9 @@ def main():
         ref = None
         for per_sm in (int(x) for x in args.per_sm.split(",")):
             splits = current.default_splits(c.batch, 8, c.page_count.shape[1], per_sm=per_sm)
-            for name, mod, n in kernels:
-                extra = dict(pages_per_copy=n) if n > 1 else {}  # earlier modules do not take the argument
+            for name, mod, n, wide in kernels:
+                # earlier modules take neither argument
+                extra = {**(dict(pages_per_copy=n) if n > 1 else {}), **(dict(wide=True) if wide else {})}
 
                 def fn(q, *operands, mod=mod, splits=splits, extra=extra):
                     o, m, l = mod.low_bit_splits(mod.kernel_query(q, 8, 1 / math.sqrt(128)), *operands,
@@ -82,7 +86,7 @@ def main():
 
                 got = np.asarray(jax.jit(fn)(inp.q, *ops), np.float64)
                 ref = got if ref is None else ref
-                row = dict(batch=batch, context=context, per_sm=per_sm, splits=splits, kernel=name, pages_per_copy=n,
+                row = dict(batch=batch, context=context, per_sm=per_sm, splits=splits, kernel=name, pages_per_copy=n, wide=wide,
                            ms=1e3 * time_in_loop(fn, inp.q, ops, iters, 5),
                            max_rel_diff_vs_first=float(np.abs(got - ref).max() / np.abs(ref).max()))
                 print(json.dumps(row), flush=True)

@@ -145,6 +145,9 @@ def parse_args(argv=None):
     p.add_argument("--mosaic-pages-per-copy", type=int, default=None,
                    help="HyQuant decode: pages per slot and bulk copy of the Mosaic low-bit kernel "
                         "(DecodeTuning.mosaic_pages_per_copy, 1-4; default: the library's, 1)")
+    p.add_argument("--mosaic-wide", action="store_true",
+                   help="HyQuant decode: the Mosaic low-bit kernel copies the codes in wide rows "
+                        "(DecodeTuning.mosaic_wide)")
     p.add_argument("--key-bits", type=int, default=4)
     p.add_argument("--value-bits", type=int, default=4)
     from hyquant_jax.config import SCHEMES, HyQuantConfig  # jax import only: no device is initialised
@@ -221,7 +224,7 @@ def _attention(args, method):
                        rho=args.rho, prefill_block=args.prefill_block)
     tuning = None
     knobs = dict(mosaic_blocks_per_sm=args.mosaic_blocks_per_sm, mosaic_splits=args.mosaic_splits,
-                 mosaic_pages_per_copy=args.mosaic_pages_per_copy)
+                 mosaic_pages_per_copy=args.mosaic_pages_per_copy, mosaic_wide=args.mosaic_wide or None)
     if any(v is not None for v in knobs.values()):
         from hyquant_jax.decode_kernel import DecodeTuning
 

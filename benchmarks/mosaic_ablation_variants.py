@@ -21,7 +21,8 @@ times them against the module as it is, one process, same inputs):
   wide_keys     a candidate (exact): a page's key codes copied as a [16, 256]-byte box instead of [64, 64]
                 (the same bytes in the same order in shared memory)
   wide          a candidate (exact): wide keys, and the value codes as a [32, 128]-byte box with the 128-byte
-                swizzle (two tokens a row; the ldmatrix addresses follow)
+                swizzle (two tokens a row; the ldmatrix addresses follow); since session 51 the kernel's own
+                `wide` option, made the default here
   copy_only_wide     the streaming floor with the wide boxes
   wide_keys_const    wide, with the key tile a constant (what is left once the keys cost nothing)
 
@@ -145,27 +146,16 @@ PV_OVERLAP = [
 ]
 
 
-WIDE_KEYS = [
-    ("            plgpu.copy_gmem_to_smem(kc_ref.at[b, h, pl.ds(page * PAGE, PAGE)], kc_s.at[slot], bar)\n",
-     "            plgpu.copy_gmem_to_smem(kc_ref.at[b, h, pl.ds(page * 16, 16)], kc_s.at[slot], bar)\n"),
-    ("            plgpu.SMEM((stages * ppc, PAGE, BYTES), u8),\n", "            plgpu.SMEM((stages, 16, 256), u8),\n"),
-    ("    o_t, ml = kernel(q, k_codes,", "    o_t, ml = kernel(q, k_codes.reshape(bsz, heads, pages * 16, 256),"),
-]
-WIDE_VALUES = [
-    ("            plgpu.copy_gmem_to_smem(vc_ref.at[b, h, pl.ds(page * PAGE, PAGE)], vc_s.at[slot], bar)\n",
-     "            plgpu.copy_gmem_to_smem(vc_ref.at[b, h, pl.ds(page * 32, 32)], vc_s.at[slot], bar)\n"),
-    ("            plgpu.SMEM((stages * ppc, PAGE, BYTES), u8, transforms=_swizzled(u8, BYTES)),",
-     "            plgpu.SMEM((stages, 32, 128), u8, transforms=_swizzled(u8, 128)),"),
-    ("        arg_types=(plgpu.RefType(transforms=_swizzled(jnp.uint8, BYTES)),),",
-     "        arg_types=(plgpu.RefType(transforms=_swizzled(jnp.uint8, 128)),),"),
-    (" k_zero, v_codes, v_scale, v_zero, page_count, num_pages)\n    if packed",
-     " k_zero, v_codes.reshape(bsz, heads, pages * 32, 128), v_scale, v_zero, page_count, num_pages)\n    if packed"),
-    # token t is row t // 2, bytes 64 (t % 2) onwards; 128-byte swizzle: 16-byte chunk c of row r at c ^ (r % 8)
-    ("        chunk = arith.xori(w, arith.remui(arith.divui(token, c(2)), c(4)))\n"
-     "        addr = arith.addi(base, arith.addi(arith.muli(token, c(PAGE)), arith.muli(chunk, c(16))))\n",
-     "        row = arith.divui(token, c(2))\n"
-     "        chunk = arith.xori(arith.addi(arith.muli(arith.remui(token, c(2)), c(4)), w), arith.remui(row, c(8)))\n"
-     "        addr = arith.addi(base, arith.addi(arith.muli(row, c(128)), arith.muli(chunk, c(16))))\n"),
+# Wide boxes are the kernel's `low_bit_splits(wide=...)` option since session 51: `wide` makes it the default;
+# `wide_keys` keeps the values' [64, 64]-byte boxes.
+WIDE = [("query_scale: float | None = None, pages_per_copy: int = 1, wide: bool = False):",
+         "query_scale: float | None = None, pages_per_copy: int = 1, wide: bool = True):")]
+WIDE_KEYS = WIDE + [
+    ("    key_rows, value_rows = ((16, 256), (32, 128)) if wide else",
+     "    key_rows, value_rows = ((16, 256), (PAGE, BYTES)) if wide else"),
+    ("        arg_types=(plgpu.RefType(transforms=_swizzled(jnp.uint8, 128 if wide else BYTES)),),",
+     "        arg_types=(plgpu.RefType(transforms=_swizzled(jnp.uint8, BYTES)),),"),
+    ("            functools.partial(_value_tile, wide=True) if wide else _value_tile)", "            _value_tile)"),
 ]
 
 
@@ -199,9 +189,9 @@ def variants(text: str) -> dict[str, str]:
         "copy_only_codes": _codes_copies(copy_only),
         "pv_overlap": _apply(text, PV_OVERLAP),
         "wide_keys": _apply(text, WIDE_KEYS),
-        "wide": _apply(text, WIDE_KEYS + WIDE_VALUES),
-        "copy_only_wide": _apply(copy_only, WIDE_KEYS + WIDE_VALUES),
-        "wide_keys_const": _apply(text, WIDE_KEYS + WIDE_VALUES) + _CONST_TILE + _CONST_KEYS,
+        "wide": _apply(text, WIDE),
+        "copy_only_wide": _apply(copy_only, WIDE),
+        "wide_keys_const": _apply(text, WIDE) + _CONST_TILE + _CONST_KEYS,
     }
 
 

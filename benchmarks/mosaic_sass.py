@@ -92,7 +92,7 @@ def ptxas_summary(report: str) -> dict:
                 spill_load_bytes=int(spills.group(2)) if spills else None)
 
 
-def _lower(kernel: str, module_path: str | None = None, pages_per_copy: int = 1):
+def _lower(kernel: str, module_path: str | None = None, pages_per_copy: int = 1, wide: bool = False):
     """Lower one kernel for CUDA on this machine; returns its Mosaic GPU module (bytecode). module_path: a
     variant of pallas_kernels.decode_mgpu to lower instead (decode only; ignored for prefill)."""
     import jax
@@ -114,7 +114,8 @@ def _lower(kernel: str, module_path: str | None = None, pages_per_copy: int = 1)
                 sd((b, h, pages, dm.HEAD_DIM), bf), sd((b, h, pages, dm.HEAD_DIM), bf),
                 sd((b, h, pages * dm.PAGE, dm.BYTES), u8), sd((b, h, pages * dm.PAGE), bf),
                 sd((b, h, pages * dm.PAGE), bf), sd((b, pages), jnp.int32), sd((b,), jnp.int32))
-        extra = dict(pages_per_copy=pages_per_copy) if pages_per_copy > 1 else {}
+        extra = {**(dict(pages_per_copy=pages_per_copy) if pages_per_copy > 1 else {}),
+                 **(dict(wide=True) if wide else {})}
         fn = jax.jit(lambda *a: dm.low_bit_splits(*a, num_splits=2, stages=2, **extra))
     elif kernel == "prefill":
         from hyquant_jax.attention import MOSAIC_PREFILL
@@ -140,9 +141,10 @@ def main():
                                     "(e.g. from benchmarks/prepare_decode_variants.sh)")
     p.add_argument("--pages-per-copy", type=int, default=1,
                    help="decode only: `low_bit_splits(pages_per_copy=...)` (1: the argument is not passed)")
+    p.add_argument("--wide", action="store_true", help="decode only: `low_bit_splits(wide=True)`")
     args = p.parse_args()
-    if (args.module or args.pages_per_copy != 1) and args.kernel != "decode":
-        p.error("--module and --pages-per-copy are for the decode kernel only")
+    if (args.module or args.pages_per_copy != 1 or args.wide) and args.kernel != "decode":
+        p.error("--module, --pages-per-copy and --wide are for the decode kernel only")
     if not os.path.exists(PLUGIN):
         sys.exit(f"{PLUGIN} is missing: run `bash scripts/offline_cuda/setup.sh` first")
     stub_dir = os.path.join(TOOLS, "lib")
@@ -156,7 +158,7 @@ def main():
     with tempfile.TemporaryDirectory() as dump:
         os.environ.update(MOSAIC_GPU_CUDA_ROOT=CUDA, MOSAIC_GPU_RUNTIME_LIB_PATH=RUNTIME, MOSAIC_GPU_DUMP_PTX="1",
                           MOSAIC_GPU_DUMP_TO=dump)
-        module = _lower(args.kernel, args.module, args.pages_per_copy)
+        module = _lower(args.kernel, args.module, args.pages_per_copy, args.wide)
         compile_module = ctypes.CDLL(PLUGIN).MosaicGpuCompile
         compile_module.argtypes = [ctypes.c_char_p, ctypes.c_int]
         compile_module.restype = ctypes.c_void_p

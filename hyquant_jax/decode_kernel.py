@@ -54,7 +54,8 @@ class DecodeTuning:
       flight per block; mosaic_splits: that split count itself (overrides mosaic_blocks_per_sm);
       mosaic_pages_per_copy: pages of a slot, i.e. of each bulk copy (`low_bit_splits(pages_per_copy=...)`;
       the largest divisor of the cache's pages up to it is used). 1, the default, is the kernel as measured;
-      2-4 are candidates for a faster stream that have not yet run on a GPU.
+      2-4 are candidates for a faster stream that have not yet run on a GPU; mosaic_wide: the codes copied
+      in wide rows (`low_bit_splits(wide=True)`), a candidate with several pages a copy.
     """
 
     n_low: int | None = None
@@ -70,6 +71,7 @@ class DecodeTuning:
     mosaic_stages: int = 2
     mosaic_splits: int | None = None
     mosaic_pages_per_copy: int = 1
+    mosaic_wide: bool = False
 
     def launch(self) -> tuple[int, int]:
         """(num_warps, num_stages) of the Triton launch: 4 warps / 3 stages unless set. Measured best on the
@@ -238,8 +240,8 @@ def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, interpret: 
 def decode_plan(cache: HybridKVCache, config: HyQuantConfig, q_heads: int, tuning: DecodeTuning = DecodeTuning(),
                 interpret: bool = False, ring_logits: bool = False):
     """The launches of `decode_attention` (static): (Triton layout, its num_warps, num_stages, and the Mosaic
-    low-bit launch (splits, stages, pages per copy) or None when the Triton kernel scans the low-bit pages
-    too)."""
+    low-bit launch (splits, stages, pages per copy, wide) or None when the Triton kernel scans the low-bit
+    pages too)."""
     from pallas_kernels.decode_mgpu import MAX_PAGES_PER_COPY
 
     if not 1 <= tuning.mosaic_pages_per_copy <= MAX_PAGES_PER_COPY:
@@ -256,12 +258,12 @@ def decode_plan(cache: HybridKVCache, config: HyQuantConfig, q_heads: int, tunin
         splits = tuning.mosaic_splits or default_splits(cache.batch, cache.num_kv_heads, pages,
                                                         sms=tuning.sm_count, per_sm=tuning.mosaic_blocks_per_sm)
         per_copy = max(n for n in range(1, tuning.mosaic_pages_per_copy + 1) if pages % n == 0)
-        mosaic_launch = (splits, tuning.mosaic_stages, per_copy)
+        mosaic_launch = (splits, tuning.mosaic_stages, per_copy, bool(tuning.mosaic_wide))
     return lay, num_warps, num_stages, mosaic_launch
 
 
 def _mosaic_low_bit(q, cache: HybridKVCache, scale: float, splits: int, stages: int, pages_per_copy: int = 1,
-                    packed: bool = False):
+                    wide: bool = False, packed: bool = False):
     """The low-bit pages through `pallas_kernels.decode_mgpu`, as Triton-style splits (packed: (o, ml) as the
     kernel writes them, `low_bit_splits(..., packed=True)`, for `decode_merge`). q: [B, Hq, D]."""
     from pallas_kernels import decode_mgpu
@@ -273,7 +275,7 @@ def _mosaic_low_bit(q, cache: HybridKVCache, scale: float, splits: int, stages: 
         q if bf16 else decode_mgpu.kernel_query(q, cache.num_kv_heads, scale), cache.k_codes, cache.k_scale,
         cache.k_zero, cache.v_codes, cache.v_scale[..., 0], cache.v_zero[..., 0], cache.page_count, cache.num_pages,
         num_splits=splits, stages=stages, packed=packed, query_scale=float(scale) if bf16 else None,
-        pages_per_copy=pages_per_copy)
+        pages_per_copy=pages_per_copy, wide=wide)
     return out if packed else decode_mgpu.natural_splits(*out)
 
 

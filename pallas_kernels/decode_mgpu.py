@@ -177,7 +177,7 @@ def _key_tile(ctx, codes, scale, zero, staging):
     return mgpu.FragmentedArray(_registers=regs, _layout=layout, _is_signed=None)
 
 
-def _value_tile(ctx, codes):
+def _value_tile(ctx, codes, *, wide: bool = False):
     """Value codes as f16 [128, 64 tokens] in the WGMMA layout (A operand of out^T = V^T . P^T), read from the
     cache's own page layout with transposing matrix loads.
 
@@ -187,6 +187,8 @@ def _value_tile(ctx, codes):
     tile c. The code masks read only the low bytes of the two f16 halves, so byte column 0 is used as loaded
     and byte column 1 after one shift right by 8 (no prmt). Row 64R + 16w + 8h + g of the
     tile is channel VALUE_CHANNELS[row] = 64R + 16w + 2g + h (R: nibble, h: byte of the pair).
+    wide: codes is the same page as uint8 [32, 128] (two tokens a row) with the 128-byte swizzle (chunk c of
+    row r at c ^ (r % 8)); the addresses follow, the tile is the same.
     """
     del ctx
     i32 = ir.IntegerType.get_signless(32)
@@ -198,8 +200,14 @@ def _value_tile(ctx, codes):
     for quad in range(2):
         # lane l supplies the address of row l % 8 of tile 4 * quad + l // 8: token 8 * tile + l % 8, chunk w
         token = arith.addi(arith.muli(arith.addi(arith.divui(lane, c(8)), c(4 * quad)), c(8)), arith.remui(lane, c(8)))
-        chunk = arith.xori(w, arith.remui(arith.divui(token, c(2)), c(4)))
-        addr = arith.addi(base, arith.addi(arith.muli(token, c(PAGE)), arith.muli(chunk, c(16))))
+        if wide:  # [32, 128]-byte page, 128-byte swizzle: token t is row t // 2 from byte 64 (t % 2), chunk c of
+            # row r at c ^ (r % 8)
+            row = arith.divui(token, c(2))
+            chunk = arith.xori(arith.addi(arith.muli(arith.remui(token, c(2)), c(4)), w), arith.remui(row, c(8)))
+            addr = arith.addi(base, arith.addi(arith.muli(row, c(128)), arith.muli(chunk, c(16))))
+        else:
+            chunk = arith.xori(w, arith.remui(arith.divui(token, c(2)), c(4)))
+            addr = arith.addi(base, arith.addi(arith.muli(token, c(PAGE)), arith.muli(chunk, c(16))))
         tiles = mgpu_utils.inline_ptx(
             "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {$0, $1, $2, $3}, [$4];", addr,
             result_types=[i32] * 4)
@@ -310,7 +318,7 @@ NATURAL_FROM_VALUE_ROWS = np.argsort(VALUE_CHANNELS)
 def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_ref, o_ref, ml_ref,
             q_s, kc_s, ks_s, kz_s, vc_s, vs_s, vz_s, staging_s, p_s, o_s, ml_s, flag_s, setup_bar, full,
             *query_staging, stages: int, num_splits: int, group: int, query_scale: float | None,
-            pages_per_copy: int = 1):
+            pages_per_copy: int = 1, wide: bool = False):
     b, h, split = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("splits")
     ppc = pages_per_copy  # pages a slot holds: each of its six copies moves that many pages' worth
     if query_scale is None:
@@ -332,10 +340,10 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
 
     def issue(chunk, slot):
         """Copy chunk `chunk` (pages chunk * ppc onwards) into slot `slot`, whose pages are the buffers
-        slot * ppc .. slot * ppc + ppc - 1 (with ppc > 1 the codes and value parameters come as [pages, 64, ...]
-        views)."""
+        slot * ppc .. slot * ppc + ppc - 1 (with ppc > 1 or wide the codes and value parameters come as
+        page-major views, [pages, 64, 64] or wide [pages, 16, 256] and [pages, 32, 128] bytes)."""
         bar = full.at[slot]
-        if ppc == 1:
+        if ppc == 1 and not wide:
             page = chunk
             plgpu.copy_gmem_to_smem(kc_ref.at[b, h, pl.ds(page * PAGE, PAGE)], kc_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(ks_ref.at[b, h, page], ks_s.at[slot], bar)
@@ -364,8 +372,9 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
         arg_types=(plgpu.RefType(),) * 4,
         return_type=plgpu.ShapeDtypeStruct((PAGE, HEAD_DIM), jnp.float16, layout=wg))(_key_tile)
     value_tile = plgpu.inline_mgpu(
-        arg_types=(plgpu.RefType(transforms=_swizzled(jnp.uint8, BYTES)),),
-        return_type=plgpu.ShapeDtypeStruct((HEAD_DIM, PAGE), jnp.float16, layout=wg))(_value_tile)
+        arg_types=(plgpu.RefType(transforms=_swizzled(jnp.uint8, 128 if wide else BYTES)),),
+        return_type=plgpu.ShapeDtypeStruct((HEAD_DIM, PAGE), jnp.float16, layout=wg))(
+            functools.partial(_value_tile, wide=True) if wide else _value_tile)
     mark_page = plgpu.inline_mgpu(arg_types=(wg, wg, plgpu.RefType()))(_mark_page)
     # ordered before the first page's marks by the key staging barrier of that page
     plgpu.inline_mgpu(arg_types=(plgpu.RefType(),))(_clear_flags)(flag_s)
@@ -483,10 +492,10 @@ MAX_PAGES_PER_COPY = 4  # a TMA box has at most 256 rows: 4 pages of 64 value sc
 
 
 @functools.partial(jax.jit, static_argnames=("num_splits", "stages", "profile_dir", "packed", "query_scale",
-                                             "pages_per_copy"))
+                                             "pages_per_copy", "wide"))
 def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_count, num_pages, *,
                    num_splits: int, stages: int = 2, profile_dir: str | None = None, packed: bool = False,
-                   query_scale: float | None = None, pages_per_copy: int = 1):
+                   query_scale: float | None = None, pages_per_copy: int = 1, wide: bool = False):
     """Split-K decode attention over the low-bit pages of each (sequence, KV head), on the cache's own arrays.
 
     q: f16 [B, H, 16, 128], query rows of each KV head's GQA group (zero rows past the group), channels in
@@ -510,6 +519,9 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
     filled by six copies of that many pages' codes and parameters, and splits are whole runs of such chunks.
     Larger copies are a candidate for a faster stream (benchmarks/stream_probe.py); 1 is the kernel as timed
     in benchmarks/NOTES.md, and larger values have not yet run on a GPU.
+    wide: copy a page's codes in wider rows, the keys as a [16, 256]-byte box and the values as [32, 128] bytes
+    with the 128-byte swizzle (the same bytes; session 38's `wide` variant, exact on the H200 and no faster
+    alone, its copy-only floor 13-20% faster); with pages_per_copy, a candidate not yet run on a GPU.
     """
     bsz, heads, slots, _ = k_codes.shape
     pages = slots // PAGE
@@ -539,20 +551,21 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
         raise ValueError(f"pages_per_copy must be in 1..{MAX_PAGES_PER_COPY} and divide the cache's {pages} pages, "
                          f"got {ppc}")
     f32, u8, bf16 = jnp.float32, jnp.uint8, jnp.bfloat16
+    key_rows, value_rows = ((16, 256), (32, 128)) if wide else ((PAGE, BYTES), (PAGE, BYTES))  # a page's code bytes
     kernel = plgpu.kernel(
         functools.partial(_kernel, stages=stages, num_splits=num_splits, group=group,
                           query_scale=None if query_scale is None else float(query_scale),
-                          **(dict(pages_per_copy=ppc) if ppc > 1 else {})),
+                          **(dict(pages_per_copy=ppc) if ppc > 1 else {}), **(dict(wide=True) if wide else {})),
         out_type=(jax.ShapeDtypeStruct((bsz, heads, num_splits, HEAD_DIM, ROWS), f32),
                   jax.ShapeDtypeStruct((bsz, heads, num_splits, 2, ROWS), f32)),
         grid=(bsz, heads, num_splits),
         grid_names=("batch", "heads", "splits"),
         scratch_types=[
             plgpu.SMEM((ROWS, HEAD_DIM), jnp.float16, transforms=_swizzled(jnp.float16, HEAD_DIM)),
-            plgpu.SMEM((stages * ppc, PAGE, BYTES), u8),
+            plgpu.SMEM((stages * ppc, *key_rows), u8),
             plgpu.SMEM((stages * ppc, HEAD_DIM), bf16),
             plgpu.SMEM((stages * ppc, HEAD_DIM), bf16),
-            plgpu.SMEM((stages * ppc, PAGE, BYTES), u8, transforms=_swizzled(u8, BYTES)),  # 64-byte swizzle
+            plgpu.SMEM((stages * ppc, *value_rows), u8, transforms=_swizzled(u8, value_rows[1])),  # row-wide swizzle
             plgpu.SMEM((stages * ppc, PAGE), bf16),
             plgpu.SMEM((stages * ppc, PAGE), bf16),
             plgpu.SMEM((HEAD_DIM,), jnp.int32),  # f16 pairs of the key scales and zeros
@@ -578,8 +591,9 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
             **(dict(profile_space=16 * (pages // num_splits + 2), profile_dir=profile_dir,
                     profile_bounds_check=True) if profile_dir else {})),
     )
-    if ppc > 1:  # page-major views (free reshapes), so that one copy takes whole pages
-        k_codes, v_codes = (x.reshape(bsz, heads, pages, PAGE, BYTES) for x in (k_codes, v_codes))
+    if ppc > 1 or wide:  # page-major views (free reshapes), so that one copy takes whole pages
+        k_codes = k_codes.reshape(bsz, heads, pages, *key_rows)
+        v_codes = v_codes.reshape(bsz, heads, pages, *value_rows)
         v_scale, v_zero = (x.reshape(bsz, heads, pages, PAGE) for x in (v_scale, v_zero))
     o_t, ml = kernel(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_count, num_pages)
     if packed:

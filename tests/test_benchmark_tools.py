@@ -22,8 +22,8 @@ def test_parse_tunings_fields_and_default_items():
 def test_parse_tunings_mosaic_splits():
     (t,) = parse_tunings("mosaic_splits=5,mosaic_stages=3")
     assert (t.mosaic_splits, t.mosaic_stages, t.mosaic_blocks_per_sm, t.mosaic_pages_per_copy) == (5, 3, 2, 1)
-    (t,) = parse_tunings("mosaic_ppc=4")
-    assert t.mosaic_pages_per_copy == 4
+    (t,) = parse_tunings("mosaic_ppc=4,mosaic_wide=1")
+    assert t.mosaic_pages_per_copy == 4 and t.mosaic_wide
 
 
 def test_select_cases_by_name_and_by_shape():
@@ -466,6 +466,8 @@ def test_e2e_mosaic_blocks_per_sm_reaches_the_hybrid_attention():
     assert attention.decode_tuning == DecodeTuning(mosaic_splits=16)
     attention, _ = e2e._attention(e2e.parse_args(["--smoke", "--mosaic-pages-per-copy", "4"]), "hyquant")
     assert attention.decode_tuning == DecodeTuning(mosaic_pages_per_copy=4)
+    attention, _ = e2e._attention(e2e.parse_args(["--smoke", "--mosaic-wide"]), "hyquant")
+    assert attention.decode_tuning == DecodeTuning(mosaic_wide=True)
     attention, _ = e2e._attention(e2e.parse_args(["--smoke"]), "hyquant")
     assert attention.decode_tuning is None
     for flag in ("--mosaic-splits", "--mosaic-blocks-per-sm", "--mosaic-pages-per-copy"):

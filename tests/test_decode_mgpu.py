@@ -61,11 +61,13 @@ def test_channel_orders_are_permutations():
         assert sorted(dm.KEY_CHANNELS[v]) == sorted(list(range(16 * j, 16 * j + 16)) + list(range(64 + 16 * j, 80 + 16 * j)))
 
 
-@pytest.mark.parametrize("splits,stages,per_copy", [(1, 1, 1), (3, 2, 1), (8, 4, 1), (3, 2, 2), (2, 3, 3), (1, 2, 4),
-                                                     (1, 2, 6)])
-def test_kernel_lowers_for_cuda(splits, stages, per_copy):
+@pytest.mark.parametrize("splits,stages,per_copy,wide", [(1, 1, 1, False), (3, 2, 1, False), (8, 4, 1, False),
+                                                          (3, 2, 2, False), (2, 3, 3, False), (1, 2, 4, False),
+                                                          (1, 2, 6, False), (3, 2, 1, True), (2, 2, 2, True)])
+def test_kernel_lowers_for_cuda(splits, stages, per_copy, wide):
     args = kernel_args(random_case(2, 2, 6, [5, 0], seed=0))
-    fn = jax.jit(lambda *a: dm.low_bit_splits(*a, num_splits=splits, stages=stages, pages_per_copy=per_copy))
+    fn = jax.jit(lambda *a: dm.low_bit_splits(*a, num_splits=splits, stages=stages, pages_per_copy=per_copy,
+                                              wide=wide))
     if per_copy > dm.MAX_PAGES_PER_COPY or 6 % per_copy:
         with pytest.raises(ValueError, match="pages_per_copy must be in 1..4 and divide the cache's 6 pages"):
             fn.trace(*args)
@@ -154,10 +156,11 @@ def test_oracle_is_attention_over_the_valid_tokens():
     np.testing.assert_allclose(l[0, 0], p.sum(axis=1), rtol=1e-12)
 
 
-def _emulated_low_bit_splits(*args, num_splits, stages, packed=False, query_scale=None, pages_per_copy=1):
+def _emulated_low_bit_splits(*args, num_splits, stages, packed=False, query_scale=None, pages_per_copy=1,
+                             wide=False):
     """`low_bit_splits` as one split (the rest empty), from the float64 oracle: same inputs, same outputs (the
-    pages a copy take change only how the kernel streams)."""
-    del stages
+    pages a copy and wide rows change only how the kernel streams)."""
+    del stages, wide
     assert args[1].shape[2] // dm.PAGE % pages_per_copy == 0
     if query_scale is not None:  # the step's bf16 q, prepared as the kernel does it
         args = (dm.kernel_query(args[0], args[1].shape[1], query_scale), *args[1:])
@@ -240,12 +243,12 @@ def test_mosaic_splits_override(monkeypatch):
     monkeypatch.setattr(decode_kernel, "use_mosaic_low_bit", lambda *a, **k: True)
     monkeypatch.setattr(decode_kernel, "_run", lambda *a: launches.append(a[7]))  # mosaic_launch
     for t in (decode_kernel.DecodeTuning(mosaic_splits=5, mosaic_stages=3), decode_kernel.DecodeTuning(),
-              decode_kernel.DecodeTuning(mosaic_pages_per_copy=4)):
+              decode_kernel.DecodeTuning(mosaic_pages_per_copy=4, mosaic_wide=True)):
         decode_kernel.decode_attention(qd, cache, config, interpret=True, tuning=t)
     pages = cache.page_count.shape[1]
     per_copy = max(n for n in range(1, 5) if pages % n == 0)  # the largest divisor of the pages up to 4
     splits = dm.default_splits(2, 2, pages)
-    assert launches == [(5, 3, 1), (splits, 2, 1), (splits, 2, per_copy)]
+    assert launches == [(5, 3, 1, False), (splits, 2, 1, False), (splits, 2, per_copy, True)]
     with pytest.raises(ValueError, match="mosaic_pages_per_copy must be in 1..4"):
         decode_kernel.decode_attention(qd, cache, config, interpret=True,
                                        tuning=decode_kernel.DecodeTuning(mosaic_pages_per_copy=5))
@@ -395,17 +398,28 @@ PER_COPY_CASES = [("40 pages, 5 splits, 4 stages", 2), ("40 pages, 5 splits, 4 s
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not on_hopper, reason="needs a Hopper GPU")
+@pytest.mark.parametrize("wide", [False, True], ids=["", "wide"])
 @pytest.mark.parametrize("name,per_copy", PER_COPY_CASES, ids=[f"{n}, {p} pages a copy" for n, p in PER_COPY_CASES])
-def test_gpu_kernel_pages_per_copy_matches_oracle(name, per_copy):
-    """Slots of several pages (`pages_per_copy`): the same oracle as one page a slot."""
+def test_gpu_kernel_pages_per_copy_matches_oracle(name, per_copy, wide):
+    """Slots of several pages (`pages_per_copy`), with the codes in wide rows or not: the same oracle as one
+    page a slot."""
     _, kwargs, splits, stages = next(c for c in GPU_CASES if c[0] == name)
-    _check_oracle(kwargs, splits, stages, per_copy)
+    _check_oracle(kwargs, splits, stages, per_copy, wide)
 
 
-def _check_oracle(kwargs, splits, stages, per_copy=1):
+@pytest.mark.gpu
+@pytest.mark.skipif(not on_hopper, reason="needs a Hopper GPU")
+@pytest.mark.parametrize("name,kwargs,splits,stages", GPU_CASES[:4], ids=[c[0] for c in GPU_CASES[:4]])
+def test_gpu_kernel_wide_matches_oracle(name, kwargs, splits, stages):
+    """One page a slot with the codes in wide rows (`wide`)."""
+    _check_oracle(kwargs, splits, stages, wide=True)
+
+
+def _check_oracle(kwargs, splits, stages, per_copy=1, wide=False):
     case = random_case(**kwargs)
     q16 = np.asarray(jnp.asarray(case[0], jnp.float16), np.float64)  # the oracle sees the kernel's fp16 q
-    o, m, l = dm.low_bit_splits(*kernel_args(case), num_splits=splits, stages=stages, pages_per_copy=per_copy)
+    o, m, l = dm.low_bit_splits(*kernel_args(case), num_splits=splits, stages=stages, pages_per_copy=per_copy,
+                                wide=wide)
     out = np.asarray(dm.merge(o, m, l), np.float64)
     want, _, l_want = dm.reference_low_bit(q16, *case[1:])
     has = case[-1] > 0
