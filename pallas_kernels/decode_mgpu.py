@@ -315,6 +315,23 @@ VALUE_CHANNELS = _value_channels()
 NATURAL_FROM_VALUE_ROWS = np.argsort(VALUE_CHANNELS)
 
 
+def split_pages(num_pages, split, num_splits: int, pages_per_copy: int = 1):
+    """(first_chunk, stop_chunk, first, stop) of split `split`: its chunks of pages_per_copy pages and the pages
+    it attends, first <= page < stop. Splits take whole chunks, ceil(chunks / num_splits) each (the last ones
+    fewer or none); a sequence's last chunk may be cut by num_pages. Ints or int32 arrays (traced in the
+    kernel); with one page a chunk, chunks and pages are the same."""
+    if pages_per_copy == 1:
+        per_split = (num_pages + num_splits - 1) // num_splits
+        first = jnp.minimum(split * per_split, num_pages)
+        stop = jnp.minimum(first + per_split, num_pages)
+        return first, stop, first, stop
+    chunks = (num_pages + pages_per_copy - 1) // pages_per_copy
+    per_split = (chunks + num_splits - 1) // num_splits
+    first_chunk = jnp.minimum(split * per_split, chunks)
+    stop_chunk = jnp.minimum(first_chunk + per_split, chunks)
+    return first_chunk, stop_chunk, first_chunk * pages_per_copy, jnp.minimum(stop_chunk * pages_per_copy, num_pages)
+
+
 def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_ref, o_ref, ml_ref,
             q_s, kc_s, ks_s, kz_s, vc_s, vs_s, vz_s, staging_s, p_s, o_s, ml_s, flag_s, setup_bar, full,
             *query_staging, stages: int, num_splits: int, group: int, query_scale: float | None,
@@ -326,17 +343,7 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
     else:  # the step's q as the model computed it: this KV head's group of rows, prepared after the copy
         plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(h * group, group)], query_staging[0], setup_bar)
     num_pages = plgpu.load(np_ref.at[b])
-    if ppc == 1:
-        per_split = (num_pages + num_splits - 1) // num_splits
-        first = jnp.minimum(split * per_split, num_pages)
-        stop = jnp.minimum(first + per_split, num_pages)
-        first_chunk, stop_chunk = first, stop
-    else:  # splits of whole chunks (ppc pages each); a split's last chunk may be cut by num_pages
-        chunks = (num_pages + ppc - 1) // ppc
-        per_split = (chunks + num_splits - 1) // num_splits
-        first_chunk = jnp.minimum(split * per_split, chunks)
-        stop_chunk = jnp.minimum(first_chunk + per_split, chunks)
-        first, stop = first_chunk * ppc, jnp.minimum(stop_chunk * ppc, num_pages)
+    first_chunk, stop_chunk, first, stop = split_pages(num_pages, split, num_splits, ppc)
 
     def issue(chunk, slot):
         """Copy chunk `chunk` (pages chunk * ppc onwards) into slot `slot`, whose pages are the buffers

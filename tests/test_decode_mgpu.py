@@ -75,6 +75,22 @@ def test_kernel_lowers_for_cuda(splits, stages, per_copy, wide):
     assert "mosaic_gpu" in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
+def test_splits_cover_every_page_once():
+    """`split_pages`: over a sequence's splits, every page in use is attended exactly once, each split's pages
+    are whole chunks but for the sequence's last, and a chunk is copied by exactly one split."""
+    for num_pages in range(0, 40):
+        for num_splits in (1, 2, 3, 5, 8, 33):
+            for ppc in (1, 2, 3, 4):
+                seen, chunks = [], []
+                for split in range(num_splits):
+                    fc, sc, first, stop = (int(x) for x in dm.split_pages(num_pages, split, num_splits, ppc))
+                    assert first == fc * ppc and stop == min(sc * ppc, num_pages) and fc <= sc
+                    seen += range(first, stop)
+                    chunks += range(fc, sc)
+                assert seen == list(range(num_pages)), (num_pages, num_splits, ppc)
+                assert chunks == list(range(-(-num_pages // ppc))), (num_pages, num_splits, ppc)
+
+
 @pytest.mark.parametrize("group", [1, 4, 5, 16])
 def test_kernel_lowers_for_cuda_with_the_query_prepared_inside(group):
     case = random_case(2, 2, 6, [5, 0], seed=0)
