@@ -350,7 +350,7 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
         slot * ppc .. slot * ppc + ppc - 1 (with ppc > 1 or wide the codes and value parameters come as
         page-major views, [pages, 64, 64] or wide [pages, 16, 256] and [pages, 32, 128] bytes)."""
         bar = full.at[slot]
-        if ppc == 1 and not wide:
+        if ppc == 1 and not wide:  # the copies as they were before the options: the same code is generated
             page = chunk
             plgpu.copy_gmem_to_smem(kc_ref.at[b, h, pl.ds(page * PAGE, PAGE)], kc_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(ks_ref.at[b, h, page], ks_s.at[slot], bar)
@@ -451,24 +451,20 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
             acc, m, l_part, z_part = lax.cond(flag_s[page % 2] == page + 1, redo, keep)
 
         if ppc == 1:
-            @pl.when(page + stages < stop)
-            def _refill():
-                # One warp issues the slot's copies; the other three skip their address arithmetic.
-                @plgpu.warp_map
-                def _(warp):
-                    @pl.when(warp == 0)
-                    def _():
-                        issue(page + stages, slot)
+            following = page + stages
+            refill = following < stop
         else:  # after the chunk's last page, when every thread is done with the slot
             following = first_chunk + chunk + stages
+            refill = (sub == ppc - 1) & (following < stop_chunk)
 
-            @pl.when((sub == ppc - 1) & (following < stop_chunk))
-            def _refill_chunk():
-                @plgpu.warp_map
-                def _(warp):
-                    @pl.when(warp == 0)
-                    def _():
-                        issue(following, slot)
+        @pl.when(refill)
+        def _refill():
+            # One warp issues the slot's copies; the other three skip their address arithmetic.
+            @plgpu.warp_map
+            def _(warp):
+                @pl.when(warp == 0)
+                def _():
+                    issue(following, slot)
 
         def pv(acc_ref):
             plgpu.wgmma(acc_ref, values, p_s)
