@@ -9,6 +9,8 @@ nvdisasm then give the SASS. Set up the tools once with `bash scripts/offline_cu
   python benchmarks/mosaic_sass.py decode --out DIR     # pallas_kernels.decode_mgpu.low_bit_splits
   python benchmarks/mosaic_sass.py decode --module .gpu_run/variants/NAME.py --out DIR   # a variant of it
   python benchmarks/mosaic_sass.py prefill --out DIR    # pallas_kernels.prefill_mgpu, attention.MOSAIC_PREFILL
+  python benchmarks/mosaic_sass.py stream --config t4 --out DIR   # a benchmarks/stream_probe.py config
+  python benchmarks/mosaic_sass.py prefetch|spin --out DIR   # benchmarks/l2_prefetch_probe.py's kernels
 
 Writes KERNEL.ptx, KERNEL.ptxas.txt, KERNEL.sass and KERNEL.json (registers, spills, instructions in the
 kernel and in its largest loop by opcode) into DIR and prints the summary. Checked against the GPU box: for
@@ -92,9 +94,11 @@ def ptxas_summary(report: str) -> dict:
                 spill_load_bytes=int(spills.group(2)) if spills else None)
 
 
-def _lower(kernel: str, module_path: str | None = None, pages_per_copy: int = 1, wide: bool = False):
+def _lower(kernel: str, module_path: str | None = None, pages_per_copy: int = 1, wide: bool = False,
+           config: str = "w64_p1_s2"):
     """Lower one kernel for CUDA on this machine; returns its Mosaic GPU module (bytecode). module_path: a
-    variant of pallas_kernels.decode_mgpu to lower instead (decode only; ignored for prefill)."""
+    variant of pallas_kernels.decode_mgpu to lower instead (decode only; ignored for prefill). config: the
+    stream probe's config (stream only)."""
     import jax
     import jax.numpy as jnp
     from jax.experimental.mosaic.gpu import core
@@ -123,8 +127,27 @@ def _lower(kernel: str, module_path: str | None = None, pages_per_copy: int = 1,
 
         args = argument_shapes(1, 32, 8, 4096, 256, 128)  # Qwen3-8B heads at 4K tokens, as the lowering tests
         fn = jax.jit(lambda *a: hybrid_prefill_mgpu(*a, scale=128 ** -0.5, **MOSAIC_PREFILL))
+    elif kernel == "stream":
+        import functools
+
+        from benchmarks import stream_probe as sp
+
+        cfg = sp.parse_config(config)
+        args = (sd((16,), jnp.float32), *(sd(x.shape, x.dtype) for x in sp.operands(1, 2, 1024)))
+        if "depth" in cfg:
+            fn = jax.jit(lambda q, kc, vc, *_: sp.stream_threads(q, kc, vc, splits=3, **cfg))
+        else:
+            fn = jax.jit(functools.partial(sp.stream, splits=3, **cfg))
+    elif kernel in ("prefetch", "spin"):
+        from benchmarks import l2_prefetch_probe as lp
+
+        args = (sd((4096, 4096), jnp.bfloat16), sd((132, 128), jnp.float32))
+        if kernel == "prefetch":
+            fn = jax.jit(lambda w, a: lp.prefetch_l2(w, a))
+        else:
+            fn = jax.jit(lambda w, a: lp.spin(a, iters=1000))
     else:
-        raise ValueError(f"kernel must be 'decode' or 'prefill', got {kernel!r}")
+        raise ValueError(f"kernel must be 'decode', 'prefill', 'stream', 'prefetch' or 'spin', got {kernel!r}")
     before = set(core.KNOWN_KERNELS)
     fn.trace(*args).lower(lowering_platforms=("cuda",))
     new = [v for k, v in core.KNOWN_KERNELS.items() if k not in before]
@@ -135,13 +158,14 @@ def _lower(kernel: str, module_path: str | None = None, pages_per_copy: int = 1,
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("kernel", choices=("decode", "prefill"))
+    p.add_argument("kernel", choices=("decode", "prefill", "stream", "prefetch", "spin"))
     p.add_argument("--out", default=".")
     p.add_argument("--module", help="decode only: a variant of pallas_kernels/decode_mgpu.py to compile instead "
                                     "(e.g. from benchmarks/prepare_decode_variants.sh)")
     p.add_argument("--pages-per-copy", type=int, default=1,
                    help="decode only: `low_bit_splits(pages_per_copy=...)` (1: the argument is not passed)")
     p.add_argument("--wide", action="store_true", help="decode only: `low_bit_splits(wide=True)`")
+    p.add_argument("--config", default="w64_p1_s2", help="stream only: a benchmarks/stream_probe.py config")
     args = p.parse_args()
     if (args.module or args.pages_per_copy != 1 or args.wide) and args.kernel != "decode":
         p.error("--module, --pages-per-copy and --wide are for the decode kernel only")
@@ -158,7 +182,7 @@ def main():
     with tempfile.TemporaryDirectory() as dump:
         os.environ.update(MOSAIC_GPU_CUDA_ROOT=CUDA, MOSAIC_GPU_RUNTIME_LIB_PATH=RUNTIME, MOSAIC_GPU_DUMP_PTX="1",
                           MOSAIC_GPU_DUMP_TO=dump)
-        module = _lower(args.kernel, args.module, args.pages_per_copy, args.wide)
+        module = _lower(args.kernel, args.module, args.pages_per_copy, args.wide, args.config)
         compile_module = ctypes.CDLL(PLUGIN).MosaicGpuCompile
         compile_module.argtypes = [ctypes.c_char_p, ctypes.c_int]
         compile_module.restype = ctypes.c_void_p

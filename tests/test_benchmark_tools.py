@@ -475,6 +475,61 @@ def test_e2e_mosaic_blocks_per_sm_reaches_the_hybrid_attention():
             e2e.parse_args(["--smoke", flag, "0"])
 
 
+def test_stream_probe_threads_reference():
+    """stream_probe.threads_reference (the check of the thread-load configs on the GPU) against a direct loop
+    over threads, pages and 16-byte loads, on a split layout with an empty split."""
+    import numpy as np
+
+    from benchmarks import stream_probe as sp
+
+    rng = np.random.default_rng(0)
+    b, h, pages, splits = 1, 2, 5, 4  # 2 pages a split: the last split is empty
+    kc, vc = (rng.integers(0, 256, (b, h, pages * sp.PAGE, sp.BYTES), dtype=np.uint8) for _ in range(2))
+    want = np.zeros((b, h, splits, 128), np.float32)
+    per = -(-pages // splits)
+    for hh in range(h):
+        flat = [x[0, hh].reshape(-1) for x in (kc, vc)]
+        for s in range(splits):
+            for t in range(128):
+                acc = 0
+                for page in range(s * per, min(s * per + per, pages)):
+                    for arr in flat:
+                        for m in range(2):
+                            start = page * 4096 + 16 * t + 2048 * m
+                            for word in arr[start:start + 16].view("<u4"):
+                                acc ^= int(word)
+                want[0, hh, s, t] = acc & 255
+    got = sp.threads_reference(kc, vc, splits)
+    np.testing.assert_array_equal(got, want)
+    assert np.any(got[:, :, :3] != 0) and not np.any(got[:, :, 3])
+
+
+def test_l2_prefetch_probe_lowers():
+    """benchmarks/l2_prefetch_probe.py: busy phases parse (bad ones name the rule), the prefetch and spin
+    kernels lower for CUDA, the prefetch names the shape it needs, and each variant's stages lower in one
+    program with the kernels it should have."""
+    import jax
+    import jax.numpy as jnp
+
+    from benchmarks import l2_prefetch_probe as lp
+
+    assert lp.parse_busy("spin5") == ("spin", 5.0) and lp.parse_busy("read32") == ("read", 32.0)
+    assert lp.parse_busy("none") == ("none", 0.0)
+    for bad in ("spin", "read-1", "wait5", "spin0"):
+        with pytest.raises(ValueError, match="busy phase"):
+            lp.parse_busy(bad)
+    sd = jax.ShapeDtypeStruct
+    w, a = sd((512, 768), jnp.bfloat16), sd((8, 128), jnp.float32)
+    with pytest.raises(ValueError, match="multiples of 256"):
+        lp.prefetch_l2(jnp.zeros((512, 100), jnp.bfloat16), jnp.zeros((8, 128), jnp.float32), blocks=8)
+    x, flush = sd((1, 512), jnp.bfloat16), sd((1024,), jnp.bfloat16)
+    for busy, prefetch, kernels in (("none", False, 0), ("none", True, 1), ("spin3", True, 2), ("spin3", False, 1),
+                                    ("read2", True, 1)):
+        fn = jax.jit(lp.stages(busy, prefetch=prefetch, gemv=True, spin_iters_per_us=100, blocks=8))
+        text = fn.trace(a, x, w, flush, flush).lower(lowering_platforms=("cuda",)).as_text()
+        assert text.count("custom_call @mosaic_gpu_v") == kernels, (busy, prefetch)
+
+
 def test_stream_probe_configs_lower_and_slopes():
     """benchmarks/stream_probe.py: config names parse (bad ones name the rule), the copy-only kernel lowers for
     CUDA in the kernel's shape and in a wide multi-page one, and the slope between two B=1 contexts removes
@@ -488,7 +543,8 @@ def test_stream_probe_configs_lower_and_slopes():
 
     assert sp.parse_config("w256_p4_s3") == dict(width=256, pages=4, stages=3, small=True)
     assert sp.parse_config("w64_p1_s2_codes")["small"] is False
-    for bad in ("w96_p1_s2", "w64_p8_s2", "p1_w64_s2", "w64_p1"):
+    assert sp.parse_config("t4") == dict(depth=4)
+    for bad in ("w96_p1_s2", "w64_p8_s2", "p1_w64_s2", "w64_p1", "t0", "t9", "tx"):
         with pytest.raises(ValueError, match="config"):
             sp.parse_config(bad)
     assert sp.PAGE_BYTES == 8960
@@ -497,6 +553,9 @@ def test_stream_probe_configs_lower_and_slopes():
     for name in ("w64_p1_s2", "w256_p4_s3", "w128_p2_s2_codes"):
         fn = jax.jit(functools.partial(sp.stream, splits=2, **sp.parse_config(name)))
         assert "mosaic_gpu" in fn.trace(q, *ops).lower(lowering_platforms=("cuda",)).as_text(), name
+    for depth in (1, 3):  # thread loads; 3 does not divide the 8 pages of a split
+        fn = jax.jit(functools.partial(sp.stream_threads, depth=depth, splits=2))
+        assert "mosaic_gpu" in fn.trace(q, ops[0], ops[1]).lower(lowering_platforms=("cuda",)).as_text(), depth
     with pytest.raises(ValueError, match="must divide"):
         sp.stream(q, *sp.operands(1, 2, 192), width=64, pages=2, stages=2, small=True, splits=1)
     # 1 ms for 1e9 bytes, 2 ms for 4e9: 3e9 bytes in 1 ms = 3 TB/s, and 1 ms - 1e9 / 3e12 s = 0.667 ms fixed

@@ -1,0 +1,38 @@
+#!/bin/bash
+# The plan for the next device calls, as of session 52 (no device was lent in sessions 51-52 after session 51's
+# one call). One call per PART, in this order: s, c, then e if c shows a gain, m, t. PARTs c, e, m and t are
+# gpu_next_s51.sh's (its header says what each runs); s has grown in session 52:
+# PART=s (~6 min):
+#   - `benchmarks/stream_probe.py`: how fast a copy-only Mosaic kernel streams the low-bit pages, over TMA copy
+#     shapes (wider box rows, several pages a copy, more slots; session 51) and, new, by thread loads (t1-t8:
+#     the codes loaded by the 128 threads with 16-byte ld.global.nc, 1-8 pages in flight, each t row checked
+#     exact against a NumPy fold of the bytes). The decode kernel's own streaming floor (~2.9 TB/s, session 38)
+#     bounds B1 128K; a shape near read_bandwidth.py's ~4.3 TB/s is the lead for the 128K target.
+#   - `benchmarks/l2_prefetch_probe.py` (new): whether the o projection's GEMV (Qwen3-8B: [1, 4096] x [4096,
+#     4096] bf16) runs faster after a TMA prefetch of its weight into L2, with a compute-only or an L2-polluting
+#     phase between the prefetch and the GEMV; if it does, the low-bit kernel's last pages could prefetch the
+#     o projection (the hybrid's attention leaves HBM bandwidth unused, bf16's does not).
+#   - `benchmarks/read_bandwidth.py`, the yardstick, in the same call.
+set -u
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+case "${PART:-s}" in
+s)
+  PYTHONPATH=. timeout 330 python3 benchmarks/stream_probe.py --out "$OUT" --name stream_probe_s52 \
+    > "$OUT/stream_probe_s52.log" 2>&1
+  echo "rc=$?"; grep -v Warning "$OUT/stream_probe_s52.log" | tail -70
+  PYTHONPATH=. timeout 150 python3 benchmarks/l2_prefetch_probe.py --out "$OUT" --name l2_prefetch_probe_s52 \
+    > "$OUT/l2_prefetch_probe_s52.log" 2>&1
+  echo "l2 rc=$?"; grep -v Warning "$OUT/l2_prefetch_probe_s52.log" | tail -12
+  PYTHONPATH=. timeout 90 python3 benchmarks/read_bandwidth.py --out "$OUT" --name read_bandwidth_s52 \
+    > "$OUT/read_bandwidth_s52.log" 2>&1
+  echo "read rc=$?"; tail -4 "$OUT/read_bandwidth_s52.log"
+  ;;
+c|e|m|t)
+  bash benchmarks/gpu_next_s51.sh
+  ;;
+*)
+  echo "PART must be s, c, e, m or t" >&2; exit 2
+  ;;
+esac
