@@ -148,6 +148,10 @@ def parse_args(argv=None):
     p.add_argument("--mosaic-wide", action="store_true",
                    help="HyQuant decode: the Mosaic low-bit kernel copies the codes in wide rows "
                         "(DecodeTuning.mosaic_wide)")
+    p.add_argument("--mosaic-prefetch", default=None, choices=("none", "start", "end"),
+                   help="HyQuant decode: the Mosaic low-bit kernel prefetches each layer's o projection weight "
+                        "into L2 after its first copies or its last page (DecodeTuning.mosaic_prefetch; "
+                        "default: the library's, none)")
     p.add_argument("--key-bits", type=int, default=4)
     p.add_argument("--value-bits", type=int, default=4)
     from hyquant_jax.config import SCHEMES, HyQuantConfig  # jax import only: no device is initialised
@@ -224,7 +228,8 @@ def _attention(args, method):
                        rho=args.rho, prefill_block=args.prefill_block)
     tuning = None
     knobs = dict(mosaic_blocks_per_sm=args.mosaic_blocks_per_sm, mosaic_splits=args.mosaic_splits,
-                 mosaic_pages_per_copy=args.mosaic_pages_per_copy, mosaic_wide=args.mosaic_wide or None)
+                 mosaic_pages_per_copy=args.mosaic_pages_per_copy, mosaic_wide=args.mosaic_wide or None,
+                 mosaic_prefetch=args.mosaic_prefetch)
     if any(v is not None for v in knobs.values()):
         from hyquant_jax.decode_kernel import DecodeTuning
 

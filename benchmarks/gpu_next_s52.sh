@@ -1,7 +1,7 @@
 #!/bin/bash
 # The plan for the next device calls, as of session 52 (no device was lent in sessions 51-52 after session 51's
-# one call). One call per PART, in this order: s, c, then e if c shows a gain, m, t. PARTs c, e, m and t are
-# gpu_next_s51.sh's (its header says what each runs); s has grown in session 52:
+# one call). One call per PART, in this order: s, p, c, then e if c shows a gain, m, t. PARTs c, e, m and t
+# are gpu_next_s51.sh's (its header says what each runs); s has grown and p is new in session 52:
 # PART=s (~6 min):
 #   - `benchmarks/stream_probe.py`: how fast a copy-only Mosaic kernel streams the low-bit pages, over TMA copy
 #     shapes (wider box rows, several pages a copy, more slots; session 51) and, new, by thread loads (t1-t8:
@@ -13,6 +13,11 @@
 #     phase between the prefetch and the GEMV; if it does, the low-bit kernel's last pages could prefetch the
 #     o projection (the hybrid's attention leaves HBM bandwidth unused, bf16's does not).
 #   - `benchmarks/read_bandwidth.py`, the yardstick, in the same call.
+# PART=p (~9 min; new in session 52): the Mosaic kernel's L2 prefetch of the o projection weight
+#   (`DecodeTuning.mosaic_prefetch`, e2e `--mosaic-prefetch start|end`; offline SASS only so far): its GPU tests
+#   (outputs bit for bit those without it), then e2e B=1 at 32K and 128K, one process a variant: bf16 and
+#   hyquant, hyquant with the prefetch at the end, hyquant, hyquant with it at the start. Worth the call
+#   whether or not PART=s's probe shows the premise: this is the direct test.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -29,10 +34,18 @@ s)
     > "$OUT/read_bandwidth_s52.log" 2>&1
   echo "read rc=$?"; tail -4 "$OUT/read_bandwidth_s52.log"
   ;;
+p)
+  PYTHONPATH=. timeout 150 python3 -m pytest -q -m gpu tests/test_decode_mgpu.py -k prefetch \
+    > "$OUT/prefetch_gpu_tests_s52.log" 2>&1
+  echo "tests rc=$?"; tail -3 "$OUT/prefetch_gpu_tests_s52.log"
+  VARIANTS=".|bf16,hyquant|"$'\n'".|hyquant||--mosaic-prefetch end"$'\n'".|hyquant|"$'\n'".|hyquant||--mosaic-prefetch start" \
+    PREFIXES=32768,131072 STEPS=64 REPS=3 RUN_LIMIT=110 NAME=e2e_prefetch_s52 \
+    timeout 420 bash benchmarks/gpu_e2e_variants.sh
+  ;;
 c|e|m|t)
   bash benchmarks/gpu_next_s51.sh
   ;;
 *)
-  echo "PART must be s, c, e, m or t" >&2; exit 2
+  echo "PART must be s, p, c, e, m or t" >&2; exit 2
   ;;
 esac

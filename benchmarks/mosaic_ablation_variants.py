@@ -148,8 +148,8 @@ PV_OVERLAP = [
 
 # Wide boxes are the kernel's `low_bit_splits(wide=...)` option since session 51: `wide` makes it the default;
 # `wide_keys` keeps the values' [64, 64]-byte boxes.
-WIDE = [("query_scale: float | None = None, pages_per_copy: int = 1, wide: bool = False):",
-         "query_scale: float | None = None, pages_per_copy: int = 1, wide: bool = True):")]
+WIDE = [("query_scale: float | None = None, pages_per_copy: int = 1, wide: bool = False,\n",
+         "query_scale: float | None = None, pages_per_copy: int = 1, wide: bool = True,\n")]
 WIDE_KEYS = WIDE + [
     ("    key_rows, value_rows = ((16, 256), (32, 128)) if wide else",
      "    key_rows, value_rows = ((16, 256), (PAGE, BYTES)) if wide else"),
