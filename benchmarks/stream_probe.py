@@ -20,15 +20,16 @@ A config is named w{width}_p{pages}_s{stages}[_codes]. A second family, t{depth}
 without TMA: each of the warpgroup's 128 threads loads 64 bytes of a page's codes from global memory with four
 16-byte `ld.global.nc` loads into registers (each warp's load covers 512 contiguous bytes), keeping `depth` pages
 in flight (the load of page c + depth reuses the registers of page c once they are consumed; the loop is unrolled
-by depth, so no register moves wait for a load); the small copies are not made,
-so a t config compares with the w.._codes ones. It asks whether thread loads stream faster than the TMA copies
-at this grid; the decode kernel's key codes, which it uses as register operands, could come that way.
+by depth, so no register moves wait for a load); the small copies are not made, so a t config compares with the
+w.._codes ones. It asks whether thread loads stream faster than the TMA copies at this grid; the decode kernel's
+key codes, which it uses as register operands, could come that way. Each t row is checked exact on the GPU
+(`threads_reference`).
 
-It prints ms per call (in a jitted loop, as
-`decode_mgpu_ab.py` times the kernel) and TB/s over the streamed bytes; with two or more contexts at B=1 it
-also gives the slope between the shortest and longest (bytes over the time difference, without the fixed
-cost of a call). w64_p1_s2 is the kernel's streaming as it is. If a config streams much faster, the decode
-kernel could take its pages in that shape (the floor bounds the B1 128K kernel: benchmarks/NOTES.md, session 38).
+It prints ms per call (in a jitted loop, as `decode_mgpu_ab.py` times the kernel) and TB/s over the streamed
+bytes; with two or more contexts at B=1 it also gives the slope between the shortest and longest (bytes over the
+time difference, without the fixed cost of a call). w64_p1_s2 is the kernel's streaming as it is. If a config
+streams much faster, the decode kernel could take its pages in that shape (the floor bounds the B1 128K kernel:
+benchmarks/NOTES.md, session 38).
 
   PYTHONPATH=. python benchmarks/stream_probe.py --out DIR [--cases 1x32768,1x131072,16x32768] [--configs ...]
   (offline, no GPU: python benchmarks/mosaic_sass.py stream --config NAME --out DIR compiles one config to SASS)
@@ -48,6 +49,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax._src.lib.mlir import ir  # Mosaic GPU's MLIR bindings, for the thread loads (jax is pinned)
 from jax._src.lib.mlir.dialects import arith, llvm, vector
+from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -188,8 +190,6 @@ def _load_page(ctx, k_codes, v_codes, page):
     k_codes, v_codes: uint8 [S, 64] in global memory; page: i32 [128] WG_STRIDED, one value in every thread.
     Returns i32 [128 * THREAD_WORDS] WG_STRIDED, thread t holding its words in order."""
     del ctx
-    from jax.experimental.mosaic import gpu as mgpu
-
     i32, i64 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(64)
     c = lambda x: arith.constant(i32, x)  # noqa: E731
     tid = arith.remui(mgpu_utils.thread_idx(), c(128))
@@ -213,8 +213,6 @@ def _load_page(ctx, k_codes, v_codes, page):
 def _fold(ctx, words):
     """xor of each thread's THREAD_WORDS words: i32 [128 * THREAD_WORDS] -> [128] (WG_STRIDED)."""
     del ctx
-    from jax.experimental.mosaic import gpu as mgpu
-
     vec = words.registers.flat[0]
     out = None
     for n in range(THREAD_WORDS):
