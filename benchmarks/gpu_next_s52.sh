@@ -18,6 +18,9 @@
 #   (outputs bit for bit those without it), then e2e B=1 at 32K and 128K, one process a variant: bf16 and
 #   hyquant, hyquant with the prefetch at the end, hyquant, hyquant with it at the start. Worth the call
 #   whether or not PART=s's probe shows the premise: this is the direct test.
+# PART=q (~9.5 min; for a session that gets one call): the essentials of p and s in one call: the prefetch's
+#   GPU tests, e2e B=1 32K / 128K for bf16 + hyquant, hyquant with the prefetch at the end, hyquant; then the
+#   L2 probe (3 busy phases) and the stream probe at B1 32K / 128K (TMA codes-only rows against t2 / t4 / t8).
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -42,10 +45,25 @@ p)
     PREFIXES=32768,131072 STEPS=64 REPS=3 RUN_LIMIT=110 NAME=e2e_prefetch_s52 \
     timeout 420 bash benchmarks/gpu_e2e_variants.sh
   ;;
+q)
+  PYTHONPATH=. timeout 120 python3 -m pytest -q -m gpu tests/test_decode_mgpu.py -k prefetch \
+    > "$OUT/prefetch_gpu_tests_s52.log" 2>&1
+  echo "tests rc=$?"; tail -3 "$OUT/prefetch_gpu_tests_s52.log"
+  VARIANTS=".|bf16,hyquant|"$'\n'".|hyquant||--mosaic-prefetch end"$'\n'".|hyquant|" \
+    PREFIXES=32768,131072 STEPS=64 REPS=3 RUN_LIMIT=105 NAME=e2e_prefetch_s52 \
+    timeout 320 bash benchmarks/gpu_e2e_variants.sh
+  PYTHONPATH=. timeout 60 python3 benchmarks/l2_prefetch_probe.py --out "$OUT" --name l2_prefetch_probe_s52 \
+    --busy none,spin5,read32 > "$OUT/l2_prefetch_probe_s52.log" 2>&1
+  echo "l2 rc=$?"; grep -v Warning "$OUT/l2_prefetch_probe_s52.log" | tail -6
+  PYTHONPATH=. timeout 75 python3 benchmarks/stream_probe.py --out "$OUT" --name stream_probe_s52 \
+    --cases 1x32768,1x131072 --configs w64_p1_s2,w64_p1_s2_codes,w256_p4_s2_codes,t2,t4,t8 \
+    > "$OUT/stream_probe_s52.log" 2>&1
+  echo "stream rc=$?"; grep -v Warning "$OUT/stream_probe_s52.log" | tail -20
+  ;;
 c|e|m|t)
   bash benchmarks/gpu_next_s51.sh
   ;;
 *)
-  echo "PART must be s, p, c, e, m or t" >&2; exit 2
+  echo "PART must be s, p, q, c, e, m or t" >&2; exit 2
   ;;
 esac
