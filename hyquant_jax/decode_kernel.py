@@ -54,12 +54,13 @@ class DecodeTuning:
       flight per block; mosaic_splits: that split count itself (overrides mosaic_blocks_per_sm);
       mosaic_pages_per_copy: pages of a slot, i.e. of each bulk copy (`low_bit_splits(pages_per_copy=...)`;
       the largest divisor of the cache's pages up to it is used). 1, the default, is the kernel as measured;
-      2-4 are candidates for a faster stream that have not yet run on a GPU; mosaic_wide: the codes copied
-      in wide rows (`low_bit_splits(wide=True)`), a candidate with several pages a copy;
+      mosaic_wide: the codes copied in wide rows (`low_bit_splits(wide=True)`). Both were candidates for a
+      faster stream: exact, and no faster beyond the spread on an H100 (benchmarks/NOTES.md, session 52);
     mosaic_prefetch: "none" (the default), "start" or "end": the Mosaic kernel's blocks prefetch the array
       that `decode_attention(..., prefetch=...)` gets (a model's o projection weight, which the step reads
       next) into L2, after their first copies or after their last page (`low_bit_splits(prefetch=...)`).
-      A candidate for B=1, where the kernel leaves HBM bandwidth unused; not yet run on a GPU (session 52).
+      A candidate for B=1, where the kernel leaves HBM bandwidth unused; exact, and the B=1 step was no
+      faster with it on an H100 (benchmarks/NOTES.md, session 52).
     """
 
     n_low: int | None = None

@@ -575,17 +575,19 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
     [B, H, splits, 2, 16] (m, l), with no transpose or slice after the kernel (`decode_merge` reads them so).
     pages_per_copy: pages a slot holds (1 to MAX_PAGES_PER_COPY, dividing the cache's pages): each slot is
     filled by six copies of that many pages' codes and parameters, and splits are whole runs of such chunks.
-    Larger copies are a candidate for a faster stream (benchmarks/stream_probe.py); 1 is the kernel as timed
-    in benchmarks/NOTES.md, and larger values have not yet run on a GPU.
+    Larger copies were a candidate for a faster stream; 1 is the kernel as timed in benchmarks/NOTES.md. On an
+    H100 (session 52, results/decode_mgpu_pages_per_copy_h100_s52.json) 2 and 4 pass the oracle tests and are
+    no faster beyond the spread (4 is 35% slower at B16 32K).
     wide: copy a page's codes in wider rows, the keys as a [16, 256]-byte box and the values as [32, 128] bytes
     with the 128-byte swizzle (the same bytes; session 38's `wide` variant, exact on the H200 and no faster
-    alone, its copy-only floor 13-20% faster); with pages_per_copy, a candidate not yet run on a GPU.
+    alone, its copy-only floor 13-20% faster); with pages_per_copy exact and no faster on an H100 (session 52).
     prefetch: None or a 2-D array of 2-byte elements (e.g. the o projection's weight, [Hq * 128, E], which the
     step reads next): the blocks issue TMA prefetches of its boxes (`prefetch_box`) into L2, each its share,
     at prefetch_at: "end" (after the block's last page) or "start" (after its first copies). The kernel does
-    not wait for them and its results do not change. At B=1 the kernel streams its pages well below HBM's
-    speed, so the weight can come in beside them (benchmarks/l2_prefetch_probe.py asks whether the GEMV then
-    runs faster; not yet run on a GPU, session 52).
+    not wait for them and its results do not change (bit for bit, GPU tests). At B=1 the kernel streams its
+    pages well below HBM's speed, so the weight could come in beside them; on an H100 (session 52) the decode
+    step was no faster with it (results/e2e_prefetch_ab_s52.json): the GEMV after it gained only 1.5-3 us
+    from an L2-resident weight (results/l2_prefetch_probe_s52.json).
     """
     bsz, heads, slots, _ = k_codes.shape
     pages = slots // PAGE

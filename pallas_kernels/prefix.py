@@ -86,20 +86,23 @@ def check_prefix_inputs(q, k, v, q_pos, block_q: int, block_k: int) -> None:
 
 
 @functools.partial(jax.jit, static_argnames=("block_q", "block_k", "num_warps", "num_stages", "interpret"))
-def prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, *, block_q: int = 64,
+def prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, *, block_q: int | None = None,
                      block_k: int = 64, num_warps: int = 4, num_stages: int = 2,
                      interpret: bool = False) -> jax.Array:
     """Query t attends over key slots 0 .. q_pos[t] (chunked prefill; `models.prefix_attention`'s contract).
 
     q [B, Hq, T, D]; k, v [B, Hkv, S, D] (Hkv divides Hq; S a multiple of block_k); q_pos int [T], positions
     past S - 1 see all S slots and negative ones none (output 0). P.V takes the probabilities in v.dtype.
-    block_q: rows of a program (query heads x positions of one KV group); block_k: key slots of a tile. At the
-    Qwen3-8B shape over a 32K prompt's 2048-token chunks on the H200, this default launch (64 rows, 4 warps,
-    2 stages) took 0.025 s a layer and 128 rows 0.020 s, the fastest of six
-    (benchmarks/results/chunked_prefill_attention_pallas.json); 128 rows is not the default until its output
-    is checked on the GPU (`test_gpu_kernel_matches_xla_and_oracle` runs both).
+    block_q: rows of a program (query heads x positions of one KV group; None: 128 for head_dim <= 128, else
+    64); block_k: key slots of a tile. At the Qwen3-8B shape over a 32K prompt's 2048-token chunks, 128 rows
+    (4 warps, 2 stages) took 0.020 s a layer on the H200 against 0.025 s with 64, the fastest of six
+    (benchmarks/results/chunked_prefill_attention_pallas.json), and 0.019 against 0.025 s on an H100
+    (chunked_prefill_attention_pallas_h100_s52.json), where `test_gpu_kernel_matches_xla_and_oracle` passed
+    with both.
     Returns [B, Hq, T, D] in q.dtype.
     """
+    if block_q is None:
+        block_q = 128 if q.shape[-1] <= 128 else 64
     check_prefix_inputs(q, k, v, q_pos, block_q, block_k)
     b, hq, t, d = q.shape
     hkv, s = k.shape[1], k.shape[2]
