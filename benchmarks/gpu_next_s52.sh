@@ -1,7 +1,8 @@
 #!/bin/bash
-# The plan for the next device calls, as of session 52 (no device was lent in sessions 51-52 after session 51's
-# one call). One call per PART, in this order: s, p, c, then e if c shows a gain, m, t. PARTs c, e, m and t
-# are gpu_next_s51.sh's (its header says what each runs); s has grown and p is new in session 52:
+# Session 52's device plan. Run in session 52 on an H100 (benchmarks/NOTES.md, session 52): PART=q, then ad-hoc
+# calls that covered p's A/B, c's tests and A/B, and m's tests and sweep. Still to run: PART=t (64- vs 256-step
+# decode calls), and on an H200 PART=s in full (the probe's other shapes and B16). One call per PART; c, e, m
+# and t are gpu_next_s51.sh's (its header says what each runs):
 # PART=s (~6 min):
 #   - `benchmarks/stream_probe.py`: how fast a copy-only Mosaic kernel streams the low-bit pages, over TMA copy
 #     shapes (wider box rows, several pages a copy, more slots; session 51) and, new, by thread loads (t1-t8:
