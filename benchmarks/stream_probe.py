@@ -55,7 +55,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pallas_kernels.decode_mgpu import BYTES, HEAD_DIM, PAGE, default_splits  # noqa: E402
+from pallas_kernels.decode_mgpu import BYTES, HEAD_DIM, PAGE, default_splits, split_pages  # noqa: E402
 from pallas_kernels.prefill_mgpu import _swizzled  # noqa: E402
 
 DEFAULT_CONFIGS = ("w64_p1_s2,w64_p1_s4,w64_p2_s2,w64_p4_s2,w64_p4_s3,w128_p1_s2,w128_p4_s2,w256_p1_s2,"
@@ -97,9 +97,7 @@ def _kernel(q_ref, kc_ref, vc_ref, ks_ref, kz_ref, vs_ref, vz_ref, o_ref,
             small: bool, chunks: int):
     del q_ref  # only orders the calls of the timing loop
     b, h, split = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("splits")
-    per_split = (chunks + splits - 1) // splits
-    first = jnp.minimum(split * per_split, chunks)
-    stop = jnp.minimum(first + per_split, chunks)
+    first, stop = split_pages(chunks, split, splits)[2:]
 
     def issue(c, slot):
         bar = full.at[slot]
@@ -225,9 +223,7 @@ def _fold(ctx, words):
 def _thread_kernel(q_ref, kc_ref, vc_ref, o_ref, o_s, *, splits: int, depth: int, chunks: int):
     del q_ref  # only orders the calls of the timing loop
     b, h, split = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("splits")
-    per_split = (chunks + splits - 1) // splits
-    first = jnp.minimum(split * per_split, chunks)
-    stop = jnp.minimum(first + per_split, chunks)
+    first, stop = split_pages(chunks, split, splits)[2:]
     wide, one = _strided(128 * THREAD_WORDS, THREAD_WORDS), _strided(128, 1)
     load = plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType(), one),
                              return_type=plgpu.ShapeDtypeStruct((128 * THREAD_WORDS,), jnp.int32, layout=wide))(

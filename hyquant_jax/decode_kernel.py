@@ -281,10 +281,10 @@ def _mosaic_low_bit(q, cache: HybridKVCache, scale: float, splits: int, stages: 
                     wide: bool = False, prefetch_at: str = "none", packed: bool = False, prefetch=None):
     """The low-bit pages through `pallas_kernels.decode_mgpu`, as Triton-style splits (packed: (o, ml) as the
     kernel writes them, `low_bit_splits(..., packed=True)`, for `decode_merge`). q: [B, Hq, D]. prefetch: a 2-D
-    array the kernel prefetches into L2 at prefetch_at (not with "none")."""
+    array the kernel prefetches into L2 at prefetch_at (`decode_attention` passes none with "none")."""
     from pallas_kernels import decode_mgpu
 
-    extra = {} if prefetch is None or prefetch_at == "none" else dict(prefetch=prefetch, prefetch_at=prefetch_at)
+    extra = {} if prefetch is None else dict(prefetch=prefetch, prefetch_at=prefetch_at)
 
     # A bf16 q goes in as it is and each block prepares its rows (no XLA conversion launch between the q/k
     # norm + RoPE kernel and this one, which is on every layer's critical path at B=1).
