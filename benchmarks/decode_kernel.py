@@ -204,7 +204,8 @@ def sweep(inp: Inputs, config, iters, reps, log) -> tuple[DecodeTuning, list]:
 TUNING_KEYS = {"warps": "num_warps", "stages": "num_stages", "pages": "pages_per_tile", "n_low": "n_low",
                "n_vl": "n_vl", "convert": "convert", "low": "low_bit", "mosaic_per_sm": "mosaic_blocks_per_sm",
                "mosaic_stages": "mosaic_stages", "mosaic_splits": "mosaic_splits",
-               "mosaic_ppc": "mosaic_pages_per_copy", "mosaic_wide": "mosaic_wide"}
+               "mosaic_ppc": "mosaic_pages_per_copy", "mosaic_wide": "mosaic_wide",
+               "mosaic_il": "mosaic_interleave"}
 STRING_KEYS = ("convert", "low")
 
 
@@ -230,7 +231,7 @@ def parse_tunings(spec: str) -> list[DecodeTuning]:
 
     An empty item is the default tuning. Keys: warps, stages, pages, n_low, n_vl, convert, low (the low-bit
     kernel: mosaic or triton), mosaic_per_sm, mosaic_stages, mosaic_splits, mosaic_ppc (pages per copy),
-    mosaic_wide (0 or 1).
+    mosaic_wide and mosaic_il (interleaved splits; 0 or 1).
     """
     out = []
     for item in spec.split(";"):

@@ -18,6 +18,8 @@ or the current module with several `pages_per_copy`, and with --wide each also w
 current_wide / current_ppc2 / current_ppc2_wide / ... / current again):
 
   PYTHONPATH=. python benchmarks/decode_mgpu_ab.py --pages-per-copy 1,2,4 --wide --out DIR
+
+--interleave adds each module with `interleave=True` at one page a copy (name suffix _il).
 """
 
 from __future__ import annotations
@@ -49,20 +51,24 @@ def main():
     p.add_argument("--pages-per-copy", default="1",
                    help="comma list: `low_bit_splits(pages_per_copy=...)` for each module (those that take it)")
     p.add_argument("--wide", action="store_true", help="also time each module and pages_per_copy with wide=True")
+    p.add_argument("--interleave", action="store_true",
+                   help="also time each module with interleave=True (one page a copy, wide or not)")
     args = p.parse_args()
     from benchmarks.decode_kernel import CONFIG, make_inputs
 
     per_copy = [int(x) for x in args.pages_per_copy.split(",")]
-    if not args.prev and not args.variant and len(per_copy) < 2 and not args.wide:
-        p.error("give --prev, at least one --variant, --wide, or two or more --pages-per-copy")
+    if not args.prev and not args.variant and len(per_copy) < 2 and not args.wide and not args.interleave:
+        p.error("give --prev, at least one --variant, --wide, --interleave, or two or more --pages-per-copy")
     modules = [("previous", load_module(args.prev, "decode_mgpu_previous"))] if args.prev else []
     modules.append(("current", current))
     for path in args.variant:
         name = os.path.splitext(os.path.basename(path))[0]
         modules.append((name, load_module(path, "decode_mgpu_" + name)))
-    kernels = [(name + (f"_ppc{n}" if n > 1 else "") + ("_wide" if wide else ""), mod, n, wide)
-               for name, mod in modules for n in per_copy for wide in ((False, True) if args.wide else (False,))]
-    kernels.append((modules[0][0] + "_again", modules[0][1], 1, False))
+    kernels = [(name + (f"_ppc{n}" if n > 1 else "") + ("_wide" if wide else "") + ("_il" if il else ""), mod, n,
+                wide, il)
+               for name, mod in modules for n in per_copy for wide in ((False, True) if args.wide else (False,))
+               for il in ((False, True) if args.interleave and n == 1 else (False,))]
+    kernels.append((modules[0][0] + "_again", modules[0][1], 1, False, False))
     os.makedirs(args.out, exist_ok=True)
     rows = []
     for item in args.cases.split(","):
@@ -75,9 +81,10 @@ def main():
         ref = None
         for per_sm in (int(x) for x in args.per_sm.split(",")):
             splits = current.default_splits(c.batch, 8, c.page_count.shape[1], per_sm=per_sm)
-            for name, mod, n, wide in kernels:
-                # earlier modules take neither argument
-                extra = {**(dict(pages_per_copy=n) if n > 1 else {}), **(dict(wide=True) if wide else {})}
+            for name, mod, n, wide, il in kernels:
+                # earlier modules take none of these arguments
+                extra = {**(dict(pages_per_copy=n) if n > 1 else {}), **(dict(wide=True) if wide else {}),
+                         **(dict(interleave=True) if il else {})}
 
                 def fn(q, *operands, mod=mod, splits=splits, extra=extra):
                     o, m, l = mod.low_bit_splits(mod.kernel_query(q, 8, 1 / math.sqrt(128)), *operands,
@@ -87,6 +94,7 @@ def main():
                 got = np.asarray(jax.jit(fn)(inp.q, *ops), np.float64)
                 ref = got if ref is None else ref
                 row = dict(batch=batch, context=context, per_sm=per_sm, splits=splits, kernel=name, pages_per_copy=n, wide=wide,
+                           interleave=il,
                            ms=1e3 * time_in_loop(fn, inp.q, ops, iters, 5),
                            max_rel_diff_vs_first=float(np.abs(got - ref).max() / np.abs(ref).max()))
                 print(json.dumps(row), flush=True)

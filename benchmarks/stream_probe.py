@@ -16,7 +16,12 @@ refills the slot), varying
   stages   slots in flight per block;
   small    whether the four small copies (key scales and zeros, value scales and zeros) are made.
 
-A config is named w{width}_p{pages}_s{stages}[_codes]. A second family, t{depth} (session 52), moves the codes
+A suffix _i (session 53) interleaves the splits: split s of a head streams chunks s, s + splits, s + 2 splits,
+..., instead of a contiguous run, so that at any moment a head's blocks read neighbouring chunks of its arrays
+(a few wide streams in memory instead of one per block; does DRAM locality bound the stream?). Any order is
+valid for the kernel: its split merge is order-free.
+
+A config is named w{width}_p{pages}_s{stages}[_codes][_i]. A second family, t{depth}[_i] (session 52), moves the codes
 without TMA: each of the warpgroup's 128 threads loads 64 bytes of a page's codes from global memory with four
 16-byte `ld.global.nc` loads into registers (each warp's load covers 512 contiguous bytes), keeping `depth` pages
 in flight (the load of page c + depth reuses the registers of page c once they are consumed; the loop is unrolled
@@ -69,35 +74,48 @@ MAX_DEPTH = 8
 def parse_config(name: str) -> dict:
     """'w256_p4_s2[_codes]' -> dict(width=256, pages=4, stages=2, small=True/False); 't4' -> dict(depth=4)
     (thread loads, codes only); ValueError names the rule."""
-    if name.startswith("t"):
+    interleave = name.endswith("_i")
+    base = name[:-2] if interleave else name
+    if base.startswith("t"):
         try:
-            depth = int(name[1:])
+            depth = int(base[1:])
         except ValueError as err:
-            raise ValueError(f"config must be t{{depth}} with depth 1..{MAX_DEPTH}, got {name!r}") from err
+            raise ValueError(f"config must be t{{depth}}[_i] with depth 1..{MAX_DEPTH}, got {name!r}") from err
         if not 1 <= depth <= MAX_DEPTH:
             raise ValueError(f"config {name!r}: depth must be 1..{MAX_DEPTH}")
-        return dict(depth=depth)
-    parts = name.split("_")
+        return dict(depth=depth, interleave=interleave)
+    parts = base.split("_")
     small = parts[-1] != "codes"
     parts = parts if small else parts[:-1]
     try:
         width, pages, stages = (int(p[1:]) for p, tag in zip(parts, "wps", strict=True) if p[0] == tag)
     except (ValueError, TypeError) as err:
-        raise ValueError(f"config must be w{{64|128|256}}_p{{pages}}_s{{stages}}[_codes], got {name!r}") from err
+        raise ValueError(f"config must be w{{64|128|256}}_p{{pages}}_s{{stages}}[_codes][_i], got {name!r}") from err
     if width not in (64, 128, 256) or pages < 1 or stages < 1:
         raise ValueError(f"config {name!r}: width must be 64, 128 or 256, pages and stages >= 1")
     if pages * PAGE > 256 or pages * PAGE * BYTES // width > 256:
         raise ValueError(f"config {name!r}: a TMA box has at most 256 rows (pages * 64 value parameters, "
                          f"pages * 4096 / width code rows)")
-    return dict(width=width, pages=pages, stages=stages, small=small)
+    return dict(width=width, pages=pages, stages=stages, small=small, interleave=interleave)
+
+
+def split_chunks(chunks, split, splits: int, interleave: bool):
+    """(count, chunk): how many of `chunks` chunks split `split` streams, and its i-th chunk (0 <= i < count).
+    Contiguous (the decode kernel's `split_pages`): a run of ceil(chunks / splits); interleaved: split,
+    split + splits, split + 2 splits, ..., so that at any moment the splits of one head read neighbouring
+    chunks. Ints or traced int32."""
+    if interleave:
+        return jnp.maximum(chunks - split + splits - 1, 0) // splits, lambda i: split + i * splits
+    first, stop = split_pages(chunks, split, splits)[2:]
+    return stop - first, lambda i: first + i
 
 
 def _kernel(q_ref, kc_ref, vc_ref, ks_ref, kz_ref, vs_ref, vz_ref, o_ref,
             kc_s, vc_s, ks_s, kz_s, vs_s, vz_s, o_s, full, *, splits: int, pages: int, stages: int, rows: int,
-            small: bool, chunks: int):
+            small: bool, chunks: int, interleave: bool):
     del q_ref  # only orders the calls of the timing loop
     b, h, split = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("splits")
-    first, stop = split_pages(chunks, split, splits)[2:]
+    count, chunk = split_chunks(chunks, split, splits, interleave)
 
     def issue(c, slot):
         bar = full.at[slot]
@@ -110,26 +128,26 @@ def _kernel(q_ref, kc_ref, vc_ref, ks_ref, kz_ref, vs_ref, vz_ref, o_ref,
             plgpu.copy_gmem_to_smem(vz_ref.at[b, h, pl.ds(c * pages * PAGE, pages * PAGE)], vz_s.at[slot], bar)
 
     for k in range(stages):
-        @pl.when(first + k < stop)
+        @pl.when(k < count)
         def _prologue(k=k):
-            issue(first + k, k)
+            issue(chunk(k), k)
 
-    def body(c, carry):
-        slot = (c - first) % stages
+    def body(i, carry):
+        slot = i % stages
         plgpu.barrier_wait(full.at[slot])
         plgpu.commit_smem()  # as the kernel's commit: every thread is past the slot before its refill
 
-        @pl.when(c + stages < stop)
+        @pl.when(i + stages < count)
         def _refill():
             @plgpu.warp_map
             def _(warp):
                 @pl.when(warp == 0)
                 def _():
-                    issue(c + stages, slot)
+                    issue(chunk(i + stages), slot)
 
         return carry
 
-    lax.fori_loop(first, stop, body, 0)
+    lax.fori_loop(0, count, body, 0)
     o_s[...] = jnp.zeros((128,), jnp.float32)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(o_s, o_ref.at[b, h, split])
@@ -137,7 +155,7 @@ def _kernel(q_ref, kc_ref, vc_ref, ks_ref, kz_ref, vs_ref, vz_ref, o_ref,
 
 
 def stream(q, k_codes, v_codes, k_scale, k_zero, v_scale, v_zero, *, width: int, pages: int, stages: int,
-           small: bool, splits: int):
+           small: bool, splits: int, interleave: bool = False):
     """Stream every page of the operands once (their shapes are `low_bit_splits`'); returns zeros f32
     [B, H, splits, 128]. q (any small array) only orders the calls of a timing loop."""
     bsz, heads, slots, _ = k_codes.shape
@@ -152,7 +170,7 @@ def stream(q, k_codes, v_codes, k_scale, k_zero, v_scale, v_zero, *, width: int,
     copies = 6 if small else 2
     kernel = plgpu.kernel(
         functools.partial(_kernel, splits=splits, pages=pages, stages=stages, rows=rows, small=small,
-                          chunks=total_pages // pages),
+                          chunks=total_pages // pages, interleave=interleave),
         out_type=jax.ShapeDtypeStruct((bsz, heads, splits, 128), jnp.float32),
         grid=(bsz, heads, splits),
         grid_names=("batch", "heads", "splits"),
@@ -220,31 +238,31 @@ def _fold(ctx, words):
     return mgpu.FragmentedArray(_registers=regs, _layout=mgpu.WGStridedFragLayout((128,), 1), _is_signed=True)
 
 
-def _thread_kernel(q_ref, kc_ref, vc_ref, o_ref, o_s, *, splits: int, depth: int, chunks: int):
+def _thread_kernel(q_ref, kc_ref, vc_ref, o_ref, o_s, *, splits: int, depth: int, chunks: int, interleave: bool):
     del q_ref  # only orders the calls of the timing loop
     b, h, split = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("splits")
-    first, stop = split_pages(chunks, split, splits)[2:]
+    count, chunk = split_chunks(chunks, split, splits, interleave)
     wide, one = _strided(128 * THREAD_WORDS, THREAD_WORDS), _strided(128, 1)
     load = plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType(), one),
                              return_type=plgpu.ShapeDtypeStruct((128 * THREAD_WORDS,), jnp.int32, layout=wide))(
         _load_page)
     kc, vc = kc_ref.at[b, h], vc_ref.at[b, h]
 
-    def page_arg(page):
-        return plgpu.layout_cast(jnp.full((128,), jnp.where(page < stop, page, -1), jnp.int32), one)
+    def page_arg(i):
+        return plgpu.layout_cast(jnp.full((128,), jnp.where(i < count, chunk(i), -1), jnp.int32), one)
 
     def body(group, carry):
-        # Slot k holds page first + depth * group + k; it is consumed, then refilled in place with the page
+        # Slot k holds the split's page depth * group + k; it is consumed, then refilled in place with the page
         # `depth` later, so no register moves between slots (a move would wait for its load).
         acc, *words = carry
         for k in range(depth):
             acc = acc ^ words[k]
-            words[k] = load(kc, vc, page_arg(first + depth * (group + 1) + k))
+            words[k] = load(kc, vc, page_arg(depth * (group + 1) + k))
         return (acc, *words)
 
     carry = (plgpu.layout_cast(jnp.zeros((128 * THREAD_WORDS,), jnp.int32), wide),
-             *(load(kc, vc, page_arg(first + k)) for k in range(depth)))
-    acc = lax.fori_loop(0, (stop - first + depth - 1) // depth, body, carry)[0]
+             *(load(kc, vc, page_arg(k)) for k in range(depth)))
+    acc = lax.fori_loop(0, (count + depth - 1) // depth, body, carry)[0]
     fold = plgpu.inline_mgpu(arg_types=(wide,), return_type=plgpu.ShapeDtypeStruct((128,), jnp.int32, layout=one))
     o_s[...] = (fold(_fold)(acc) & 255).astype(jnp.float32)
     plgpu.commit_smem()
@@ -252,13 +270,13 @@ def _thread_kernel(q_ref, kc_ref, vc_ref, o_ref, o_s, *, splits: int, depth: int
     plgpu.wait_smem_to_gmem(0)
 
 
-def stream_threads(q, k_codes, v_codes, *, depth: int, splits: int):
+def stream_threads(q, k_codes, v_codes, *, depth: int, splits: int, interleave: bool = False):
     """Load every page of the key and value codes once by thread loads, `depth` pages in flight (the codes
     only: CODE_BYTES a page); returns f32 [B, H, splits, 128] (a fold of the loaded bytes, so no load is dead).
     q (any small array) only orders the calls of a timing loop."""
     bsz, heads, slots, _ = k_codes.shape
     kernel = plgpu.kernel(
-        functools.partial(_thread_kernel, splits=splits, depth=depth, chunks=slots // PAGE),
+        functools.partial(_thread_kernel, splits=splits, depth=depth, chunks=slots // PAGE, interleave=interleave),
         out_type=jax.ShapeDtypeStruct((bsz, heads, splits, 128), jnp.float32),
         grid=(bsz, heads, splits),
         grid_names=("batch", "heads", "splits"),
@@ -267,21 +285,21 @@ def stream_threads(q, k_codes, v_codes, *, depth: int, splits: int):
     return kernel(q, k_codes, v_codes)
 
 
-def threads_reference(k_codes, v_codes, splits: int) -> np.ndarray:
+def threads_reference(k_codes, v_codes, splits: int, interleave: bool = False) -> np.ndarray:
     """What `stream_threads` returns, in NumPy: per (batch, head, split) and thread t, the low byte of the xor
     of every word thread t loaded (the low bytes of the words: bytes 16 t + 2048 m + 4 i of each page of both
     arrays, m = 0, 1, i = 0..3), over the split's pages, as float32 [B, H, splits, 128]."""
     bsz, heads, slots, _ = k_codes.shape
     pages = slots // PAGE
-    per = (pages + splits - 1) // splits
     low = [np.bitwise_xor.reduce(np.asarray(x).reshape(bsz, heads, pages, 2, 128, 16)[..., 0::4], axis=(3, 5))
            for x in (k_codes, v_codes)]
     each = low[0] ^ low[1]  # [B, H, pages, 128]
     out = np.zeros((bsz, heads, splits, 128), np.uint8)
     for sp in range(splits):
-        first, stop = min(sp * per, pages), min(sp * per + per, pages)
-        if stop > first:
-            out[:, :, sp] = np.bitwise_xor.reduce(each[:, :, first:stop], axis=2)
+        count, chunk = split_chunks(pages, sp, splits, interleave)
+        taken = [int(chunk(i)) for i in range(int(count))]
+        if taken:
+            out[:, :, sp] = np.bitwise_xor.reduce(each[:, :, taken], axis=2)
     return out.astype(np.float32)
 
 
@@ -316,7 +334,7 @@ def main():
         pages = context // PAGE
         splits = default_splits(batch, heads, pages, sms=sm_count(), per_sm=args.per_sm)
         q = jnp.zeros((16,), jnp.float32)
-        want = None  # threads_reference of this case, computed once
+        want = {}  # threads_reference of this case, computed once per split pattern
         for name, cfg in configs.items():
             nbytes = batch * heads * pages * (PAGE_BYTES if cfg.get("small") else CODE_BYTES)
             row = {"batch": batch, "context": context, "config": name, **cfg, "splits": splits, "bytes": nbytes}
@@ -324,9 +342,9 @@ def main():
                 if "depth" in cfg:
                     fn = lambda q, kc, vc, *_, cfg=cfg: stream_threads(q, kc, vc, splits=splits, **cfg)  # noqa: E731
                     got = np.asarray(jax.jit(fn)(q, *ops))  # every byte was loaded: the fold is exact
-                    if want is None:
-                        want = threads_reference(ops[0], ops[1], splits)
-                    row["exact"] = bool(np.array_equal(got, want))
+                    if cfg["interleave"] not in want:
+                        want[cfg["interleave"]] = threads_reference(ops[0], ops[1], splits, cfg["interleave"])
+                    row["exact"] = bool(np.array_equal(got, want[cfg["interleave"]]))
                 else:
                     fn = functools.partial(stream, splits=splits, **cfg)
                 sec = time_in_loop(lambda q, *o, fn=fn: fn(q, *o), q, ops, args.iters, feedback=add_output_sum)

@@ -56,6 +56,8 @@ class DecodeTuning:
       the largest divisor of the cache's pages up to it is used). 1, the default, is the kernel as measured;
       mosaic_wide: the codes copied in wide rows (`low_bit_splits(wide=True)`). Both were candidates for a
       faster stream: exact, and no faster beyond the spread on an H100 (benchmarks/NOTES.md, session 52);
+      mosaic_interleave: interleaved splits (`low_bit_splits(interleave=True)`: split s takes pages s,
+      s + splits, ..., so that a KV head's blocks read neighbouring pages at any moment); one page a copy only;
     mosaic_prefetch: "none" (the default), "start" or "end": the Mosaic kernel's blocks prefetch the array
       that `decode_attention(..., prefetch=...)` gets (a model's o projection weight, which the step reads
       next) into L2, after their first copies or after their last page (`low_bit_splits(prefetch=...)`).
@@ -77,6 +79,7 @@ class DecodeTuning:
     mosaic_splits: int | None = None
     mosaic_pages_per_copy: int = 1
     mosaic_wide: bool = False
+    mosaic_interleave: bool = False
     mosaic_prefetch: str = "none"
 
     def launch(self) -> tuple[int, int]:
@@ -253,7 +256,7 @@ def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, interpret: 
 def decode_plan(cache: HybridKVCache, config: HyQuantConfig, q_heads: int, tuning: DecodeTuning = DecodeTuning(),
                 interpret: bool = False, ring_logits: bool = False):
     """The launches of `decode_attention` (static): (Triton layout, its num_warps, num_stages, and the Mosaic
-    low-bit launch (splits, stages, pages per copy, wide, prefetch_at) or None when the Triton kernel scans the
+    low-bit launch (splits, stages, pages per copy, wide, prefetch_at, interleave) or None when the Triton kernel scans the
     low-bit pages too)."""
     from pallas_kernels.decode_mgpu import MAX_PAGES_PER_COPY, PREFETCH_AT
 
@@ -261,6 +264,9 @@ def decode_plan(cache: HybridKVCache, config: HyQuantConfig, q_heads: int, tunin
         raise ValueError(f"DecodeTuning.mosaic_prefetch must be one of {PREFETCH_AT}, got {tuning.mosaic_prefetch!r}")
     if not 1 <= tuning.mosaic_pages_per_copy <= MAX_PAGES_PER_COPY:
         raise ValueError(f"DecodeTuning.mosaic_pages_per_copy must be in 1..{MAX_PAGES_PER_COPY}, "
+                         f"got {tuning.mosaic_pages_per_copy}")
+    if tuning.mosaic_interleave and tuning.mosaic_pages_per_copy != 1:
+        raise ValueError(f"DecodeTuning.mosaic_interleave takes mosaic_pages_per_copy 1, "
                          f"got {tuning.mosaic_pages_per_copy}")
     mosaic = use_mosaic_low_bit(cache, config, q_heads, tuning, interpret)
     lay = decode_layout(cache, config, q_heads, tuning, low_bit_elsewhere=mosaic, ring_logits=ring_logits)
@@ -273,12 +279,14 @@ def decode_plan(cache: HybridKVCache, config: HyQuantConfig, q_heads: int, tunin
         splits = tuning.mosaic_splits or default_splits(cache.batch, cache.num_kv_heads, pages,
                                                         sms=tuning.sm_count, per_sm=tuning.mosaic_blocks_per_sm)
         per_copy = max(n for n in range(1, tuning.mosaic_pages_per_copy + 1) if pages % n == 0)
-        mosaic_launch = (splits, tuning.mosaic_stages, per_copy, bool(tuning.mosaic_wide), tuning.mosaic_prefetch)
+        mosaic_launch = (splits, tuning.mosaic_stages, per_copy, bool(tuning.mosaic_wide), tuning.mosaic_prefetch,
+                         bool(tuning.mosaic_interleave))
     return lay, num_warps, num_stages, mosaic_launch
 
 
 def _mosaic_low_bit(q, cache: HybridKVCache, scale: float, splits: int, stages: int, pages_per_copy: int = 1,
-                    wide: bool = False, prefetch_at: str = "none", packed: bool = False, prefetch=None):
+                    wide: bool = False, prefetch_at: str = "none", interleave: bool = False, packed: bool = False,
+                    prefetch=None):
     """The low-bit pages through `pallas_kernels.decode_mgpu`, as Triton-style splits (packed: (o, ml) as the
     kernel writes them, `low_bit_splits(..., packed=True)`, for `decode_merge`). q: [B, Hq, D]. prefetch: a 2-D
     array the kernel prefetches into L2 at prefetch_at (`decode_attention` passes none with "none")."""
@@ -293,7 +301,7 @@ def _mosaic_low_bit(q, cache: HybridKVCache, scale: float, splits: int, stages: 
         q if bf16 else decode_mgpu.kernel_query(q, cache.num_kv_heads, scale), cache.k_codes, cache.k_scale,
         cache.k_zero, cache.v_codes, cache.v_scale[..., 0], cache.v_zero[..., 0], cache.page_count, cache.num_pages,
         num_splits=splits, stages=stages, packed=packed, query_scale=float(scale) if bf16 else None,
-        pages_per_copy=pages_per_copy, wide=wide, **extra)
+        pages_per_copy=pages_per_copy, wide=wide, interleave=interleave, **extra)
     return out if packed else decode_mgpu.natural_splits(*out)
 
 

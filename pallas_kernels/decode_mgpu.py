@@ -380,7 +380,8 @@ def _kernel_with_prefetch(*refs, prefetch_at: str, **kwargs):
 def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_ref, o_ref, ml_ref,
             q_s, kc_s, ks_s, kz_s, vc_s, vs_s, vz_s, staging_s, p_s, o_s, ml_s, flag_s, setup_bar, full,
             *query_staging, stages: int, num_splits: int, group: int, query_scale: float | None,
-            pages_per_copy: int = 1, wide: bool = False, prefetch_ref=None, prefetch_at: str = "none"):
+            pages_per_copy: int = 1, wide: bool = False, interleave: bool = False, prefetch_ref=None,
+            prefetch_at: str = "none"):
     b, h, split = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("splits")
 
     def prefetch():
@@ -393,7 +394,13 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
     else:  # the step's q as the model computed it: this KV head's group of rows, prepared after the copy
         plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(h * group, group)], query_staging[0], setup_bar)
     num_pages = plgpu.load(np_ref.at[b])
-    first_chunk, stop_chunk, first, stop = split_pages(num_pages, split, num_splits, ppc)
+    if interleave:  # the loop runs over i = 0 .. taken - 1, the split's pages split + i * num_splits (ppc is 1)
+        taken = jnp.maximum(num_pages - split + num_splits - 1, 0) // num_splits
+        first_chunk, stop_chunk, first, stop = 0, taken, 0, taken
+        page_of = lambda i: split + i * num_splits  # noqa: E731
+    else:  # the loop runs over the pages themselves
+        first_chunk, stop_chunk, first, stop = split_pages(num_pages, split, num_splits, ppc)
+        page_of = lambda i: i  # noqa: E731
 
     def issue(chunk, slot):
         """Copy chunk `chunk` (pages chunk * ppc onwards) into slot `slot`, whose pages are the buffers
@@ -401,7 +408,7 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
         page-major views, [pages, 64, 64] or wide [pages, 16, 256] and [pages, 32, 128] bytes)."""
         bar = full.at[slot]
         if ppc == 1 and not wide:  # the copies as they were before the options: the same code is generated
-            page = chunk
+            page = page_of(chunk)
             plgpu.copy_gmem_to_smem(kc_ref.at[b, h, pl.ds(page * PAGE, PAGE)], kc_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(ks_ref.at[b, h, page], ks_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(kz_ref.at[b, h, page], kz_s.at[slot], bar)
@@ -409,7 +416,7 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
             plgpu.copy_gmem_to_smem(vs_ref.at[b, h, pl.ds(page * PAGE, PAGE)], vs_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(vz_ref.at[b, h, pl.ds(page * PAGE, PAGE)], vz_s.at[slot], bar)
             return
-        src, dst = pl.ds(chunk * ppc, ppc), pl.ds(slot * ppc, ppc)
+        src, dst = pl.ds(page_of(chunk) * ppc, ppc), pl.ds(slot * ppc, ppc)
         for ref, buf in ((kc_ref, kc_s), (ks_ref, ks_s), (kz_ref, kz_s), (vc_ref, vc_s), (vs_ref, vs_s),
                          (vz_ref, vz_s)):
             plgpu.copy_gmem_to_smem(ref.at[b, h, src], buf.at[dst], bar)
@@ -442,7 +449,7 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
 
     def body(page, carry):
         # The named scopes are the regions of the optional trace (`low_bit_splits(profile_dir=...)`); without
-        # it they generate no code.
+        # it they generate no code. With interleave, `page` is the loop's index and page_of(page) the page.
         acc, m, l_part, z_part = carry
         if ppc == 1:
             slot = buf = (page - first) % stages
@@ -450,7 +457,7 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
             chunk, sub = (page - first) // ppc, (page - first) % ppc
             slot = chunk % stages
             buf = slot * ppc + sub
-        count = plgpu.load(cnt_ref.at[b, page])  # issued before the wait: its latency hides behind the copy
+        count = plgpu.load(cnt_ref.at[b, page_of(page)])  # issued before the wait: its latency hides behind the copy
         with jax.named_scope("wait"):
             if ppc == 1:
                 plgpu.barrier_wait(full.at[slot])
@@ -549,11 +556,11 @@ MAX_PAGES_PER_COPY = 4  # a TMA box has at most 256 rows: 4 pages of 64 value sc
 
 
 @functools.partial(jax.jit, static_argnames=("num_splits", "stages", "profile_dir", "packed", "query_scale",
-                                             "pages_per_copy", "wide", "prefetch_at"))
+                                             "pages_per_copy", "wide", "interleave", "prefetch_at"))
 def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_count, num_pages, *,
                    num_splits: int, stages: int = 2, profile_dir: str | None = None, packed: bool = False,
                    query_scale: float | None = None, pages_per_copy: int = 1, wide: bool = False,
-                   prefetch=None, prefetch_at: str = "end"):
+                   interleave: bool = False, prefetch=None, prefetch_at: str = "end"):
     """Split-K decode attention over the low-bit pages of each (sequence, KV head), on the cache's own arrays.
 
     q: f16 [B, H, 16, 128], query rows of each KV head's GQA group (zero rows past the group), channels in
@@ -581,6 +588,10 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
     wide: copy a page's codes in wider rows, the keys as a [16, 256]-byte box and the values as [32, 128] bytes
     with the 128-byte swizzle (the same bytes; session 38's `wide` variant, exact on the H200 and no faster
     alone, its copy-only floor 13-20% faster); with pages_per_copy exact and no faster on an H100 (session 52).
+    interleave: split s takes the pages s, s + num_splits, s + 2 num_splits, ... instead of a contiguous run
+    (pages_per_copy 1 only), so that at any moment the blocks of a KV head read neighbouring pages: fewer,
+    wider streams through memory. The splits' results differ only in which pages they hold; `merge`'s output
+    is the same up to float rounding.
     prefetch: None or a 2-D array of 2-byte elements (e.g. the o projection's weight, [Hq * 128, E], which the
     step reads next): the blocks issue TMA prefetches of its boxes (`prefetch_box`) into L2, each its share,
     at prefetch_at: "end" (after the block's last page) or "start" (after its first copies). The kernel does
@@ -616,6 +627,8 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
     if not 1 <= ppc <= MAX_PAGES_PER_COPY or pages % ppc:
         raise ValueError(f"pages_per_copy must be in 1..{MAX_PAGES_PER_COPY} and divide the cache's {pages} pages, "
                          f"got {ppc}")
+    if interleave and ppc != 1:
+        raise ValueError(f"interleave takes pages_per_copy 1, got {ppc}")
     if prefetch_at not in PREFETCH_AT[1:]:
         raise ValueError(f"prefetch_at must be 'start' or 'end', got {prefetch_at!r}")
     if prefetch is not None:
@@ -628,7 +641,8 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
     kernel = plgpu.kernel(
         functools.partial(body, stages=stages, num_splits=num_splits, group=group,
                           query_scale=None if query_scale is None else float(query_scale),
-                          **(dict(pages_per_copy=ppc) if ppc > 1 else {}), **(dict(wide=True) if wide else {})),
+                          **(dict(pages_per_copy=ppc) if ppc > 1 else {}), **(dict(wide=True) if wide else {}),
+                          **(dict(interleave=True) if interleave else {})),
         out_type=(jax.ShapeDtypeStruct((bsz, heads, num_splits, HEAD_DIM, ROWS), f32),
                   jax.ShapeDtypeStruct((bsz, heads, num_splits, 2, ROWS), f32)),
         grid=(bsz, heads, num_splits),

@@ -24,6 +24,8 @@ def test_parse_tunings_mosaic_splits():
     assert (t.mosaic_splits, t.mosaic_stages, t.mosaic_blocks_per_sm, t.mosaic_pages_per_copy) == (5, 3, 2, 1)
     (t,) = parse_tunings("mosaic_ppc=4,mosaic_wide=1")
     assert t.mosaic_pages_per_copy == 4 and t.mosaic_wide
+    (t,) = parse_tunings("mosaic_il=1")
+    assert t.mosaic_interleave and not t.mosaic_wide
 
 
 def test_select_cases_by_name_and_by_shape():
@@ -468,6 +470,8 @@ def test_e2e_mosaic_blocks_per_sm_reaches_the_hybrid_attention():
     assert attention.decode_tuning == DecodeTuning(mosaic_pages_per_copy=4)
     attention, _ = e2e._attention(e2e.parse_args(["--smoke", "--mosaic-wide"]), "hyquant")
     assert attention.decode_tuning == DecodeTuning(mosaic_wide=True)
+    attention, _ = e2e._attention(e2e.parse_args(["--smoke", "--mosaic-interleave"]), "hyquant")
+    assert attention.decode_tuning == DecodeTuning(mosaic_interleave=True)
     attention, _ = e2e._attention(e2e.parse_args(["--smoke", "--mosaic-prefetch", "end"]), "hyquant")
     assert attention.decode_tuning == DecodeTuning(mosaic_prefetch="end") and attention.prefetches_output_weight
     attention, _ = e2e._attention(e2e.parse_args(["--smoke"]), "hyquant")
@@ -504,6 +508,19 @@ def test_stream_probe_threads_reference():
     got = sp.threads_reference(kc, vc, splits)
     np.testing.assert_array_equal(got, want)
     assert np.any(got[:, :, :3] != 0) and not np.any(got[:, :, 3])
+    # interleaved: split s takes pages s, s + 4, ...: pages {0, 4}, {1}, {2}, {3}
+    each = [sp.threads_reference(kc[:, :, p * sp.PAGE:(p + 1) * sp.PAGE], vc[:, :, p * sp.PAGE:(p + 1) * sp.PAGE], 1)
+            for p in range(pages)]
+    got = sp.threads_reference(kc, vc, splits, interleave=True)
+    np.testing.assert_array_equal(got[:, :, 0:1], (each[0].astype(np.uint8) ^ each[4].astype(np.uint8)))
+    for s in range(1, 4):
+        np.testing.assert_array_equal(got[:, :, s:s + 1], each[s])
+    for chunks, splits in ((5, 4), (3, 8), (64, 33), (0, 2)):  # every chunk once, in order within a split
+        taken = []
+        for s in range(splits):
+            count, chunk = sp.split_chunks(chunks, s, splits, True)
+            taken += [int(chunk(i)) for i in range(int(count))]
+        assert sorted(taken) == list(range(chunks))
 
 
 def test_l2_prefetch_probe_lowers():
@@ -543,20 +560,22 @@ def test_stream_probe_configs_lower_and_slopes():
 
     from benchmarks import stream_probe as sp
 
-    assert sp.parse_config("w256_p4_s3") == dict(width=256, pages=4, stages=3, small=True)
+    assert sp.parse_config("w256_p4_s3") == dict(width=256, pages=4, stages=3, small=True, interleave=False)
     assert sp.parse_config("w64_p1_s2_codes")["small"] is False
-    assert sp.parse_config("t4") == dict(depth=4)
-    for bad in ("w96_p1_s2", "w64_p8_s2", "p1_w64_s2", "w64_p1", "t0", "t9", "tx"):
+    assert sp.parse_config("w64_p1_s2_codes_i") == dict(width=64, pages=1, stages=2, small=False, interleave=True)
+    assert sp.parse_config("t4") == dict(depth=4, interleave=False)
+    assert sp.parse_config("t4_i") == dict(depth=4, interleave=True)
+    for bad in ("w96_p1_s2", "w64_p8_s2", "p1_w64_s2", "w64_p1", "t0", "t9", "tx", "t4_j", "w64_p1_s2_i_codes"):
         with pytest.raises(ValueError, match="config"):
             sp.parse_config(bad)
     assert sp.PAGE_BYTES == 8960
     ops = sp.operands(1, 2, 1024)
     q = jnp.zeros((16,), jnp.float32)
-    for name in ("w64_p1_s2", "w256_p4_s3", "w128_p2_s2_codes"):
+    for name in ("w64_p1_s2", "w256_p4_s3", "w128_p2_s2_codes", "w64_p1_s2_i", "w256_p4_s2_codes_i"):
         fn = jax.jit(functools.partial(sp.stream, splits=2, **sp.parse_config(name)))
         assert "mosaic_gpu" in fn.trace(q, *ops).lower(lowering_platforms=("cuda",)).as_text(), name
-    for depth in (1, 3):  # thread loads; 3 does not divide the 8 pages of a split
-        fn = jax.jit(functools.partial(sp.stream_threads, depth=depth, splits=2))
+    for depth, interleave in ((1, False), (3, False), (3, True)):  # 3 does not divide the 8 pages of a split
+        fn = jax.jit(functools.partial(sp.stream_threads, depth=depth, splits=2, interleave=interleave))
         assert "mosaic_gpu" in fn.trace(q, ops[0], ops[1]).lower(lowering_platforms=("cuda",)).as_text(), depth
     with pytest.raises(ValueError, match="must divide"):
         sp.stream(q, *sp.operands(1, 2, 192), width=64, pages=2, stages=2, small=True, splits=1)

@@ -373,7 +373,8 @@ def test_gpu_schemes_and_bits(scheme, key_bits, value_bits, group_size, head_dim
                                     DecodeTuning(low_bit="mosaic", mosaic_blocks_per_sm=16, mosaic_stages=1),
                                     DecodeTuning(low_bit="mosaic", mosaic_splits=5),
                                     DecodeTuning(low_bit="mosaic", mosaic_pages_per_copy=4),
-                                    DecodeTuning(low_bit="mosaic", mosaic_pages_per_copy=4, mosaic_wide=True)])
+                                    DecodeTuning(low_bit="mosaic", mosaic_pages_per_copy=4, mosaic_wide=True),
+                                    DecodeTuning(low_bit="mosaic", mosaic_interleave=True)])
 def test_gpu_tunings(tuning):
     config = hq.HyQuantConfig()
     qd, cache = _cache(jax.random.PRNGKey(8), 2, 32, 8, 128, [4097, 999], config, dtype=jnp.bfloat16)

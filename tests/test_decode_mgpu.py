@@ -61,15 +61,20 @@ def test_channel_orders_are_permutations():
         assert sorted(dm.KEY_CHANNELS[v]) == sorted(list(range(16 * j, 16 * j + 16)) + list(range(64 + 16 * j, 80 + 16 * j)))
 
 
-@pytest.mark.parametrize("splits,stages,per_copy,wide", [(1, 1, 1, False), (3, 2, 1, False), (8, 4, 1, False),
-                                                          (3, 2, 2, False), (2, 3, 3, False), (1, 2, 4, False),
-                                                          (1, 2, 6, False), (3, 2, 1, True), (2, 2, 2, True)])
-def test_kernel_lowers_for_cuda(splits, stages, per_copy, wide):
+@pytest.mark.parametrize("splits,stages,per_copy,wide,interleave", [
+    (1, 1, 1, False, False), (3, 2, 1, False, False), (8, 4, 1, False, False), (3, 2, 2, False, False),
+    (2, 3, 3, False, False), (1, 2, 4, False, False), (1, 2, 6, False, False), (3, 2, 1, True, False),
+    (2, 2, 2, True, False), (3, 2, 1, False, True), (8, 3, 1, True, True), (2, 2, 2, False, True)])
+def test_kernel_lowers_for_cuda(splits, stages, per_copy, wide, interleave):
     args = kernel_args(random_case(2, 2, 6, [5, 0], seed=0))
     fn = jax.jit(lambda *a: dm.low_bit_splits(*a, num_splits=splits, stages=stages, pages_per_copy=per_copy,
-                                              wide=wide))
+                                              wide=wide, interleave=interleave))
     if per_copy > dm.MAX_PAGES_PER_COPY or 6 % per_copy:
         with pytest.raises(ValueError, match="pages_per_copy must be in 1..4 and divide the cache's 6 pages"):
+            fn.trace(*args)
+        return
+    if interleave and per_copy > 1:
+        with pytest.raises(ValueError, match="interleave takes pages_per_copy 1, got 2"):
             fn.trace(*args)
         return
     assert "mosaic_gpu" in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
@@ -208,10 +213,10 @@ def test_oracle_is_attention_over_the_valid_tokens():
 
 
 def _emulated_low_bit_splits(*args, num_splits, stages, packed=False, query_scale=None, pages_per_copy=1,
-                             wide=False, prefetch=None, prefetch_at="end"):
+                             wide=False, interleave=False, prefetch=None, prefetch_at="end"):
     """`low_bit_splits` as one split (the rest empty), from the float64 oracle: same inputs, same outputs (the
-    pages a copy, wide rows and a prefetch change only how the kernel streams)."""
-    del stages, wide, prefetch, prefetch_at
+    pages a copy, wide rows, the interleaved splits and a prefetch change only how the kernel streams)."""
+    del stages, wide, interleave, prefetch, prefetch_at
     assert args[1].shape[2] // dm.PAGE % pages_per_copy == 0
     if query_scale is not None:  # the step's bf16 q, prepared as the kernel does it
         args = (dm.kernel_query(args[0], args[1].shape[1], query_scale), *args[1:])
@@ -304,15 +309,19 @@ def test_mosaic_splits_override(monkeypatch):
     weight = jnp.zeros((16, 128, 64), jnp.bfloat16)  # an o projection weight [Hq, D, E]
     for t in (decode_kernel.DecodeTuning(mosaic_splits=5, mosaic_stages=3), decode_kernel.DecodeTuning(),
               decode_kernel.DecodeTuning(mosaic_pages_per_copy=4, mosaic_wide=True),
-              decode_kernel.DecodeTuning(mosaic_prefetch="end")):
+              decode_kernel.DecodeTuning(mosaic_prefetch="end"), decode_kernel.DecodeTuning(mosaic_interleave=True)):
         decode_kernel.decode_attention(qd, cache, config, interpret=True, tuning=t, prefetch=weight)
     pages = cache.page_count.shape[1]
     per_copy = max(n for n in range(1, 5) if pages % n == 0)  # the largest divisor of the pages up to 4
     splits = dm.default_splits(2, 2, pages)
-    assert launches == [(5, 3, 1, False, "none"), (splits, 2, 1, False, "none"), (splits, 2, per_copy, True, "none"),
-                        (splits, 2, 1, False, "end")]
+    assert launches == [(5, 3, 1, False, "none", False), (splits, 2, 1, False, "none", False),
+                        (splits, 2, per_copy, True, "none", False), (splits, 2, 1, False, "end", False),
+                        (splits, 2, 1, False, "none", True)]
     # the weight reaches the launch, as a 2-D view, only when the tuning asks for the prefetch
-    assert prefetches[:3] == [None] * 3 and prefetches[3].shape == (16 * 128, 64)
+    assert prefetches[:3] == [None] * 3 and prefetches[3].shape == (16 * 128, 64) and prefetches[4] is None
+    with pytest.raises(ValueError, match="mosaic_interleave takes mosaic_pages_per_copy 1, got 2"):
+        decode_kernel.decode_attention(qd, cache, config, interpret=True,
+                                       tuning=decode_kernel.DecodeTuning(mosaic_interleave=True, mosaic_pages_per_copy=2))
     with pytest.raises(ValueError, match="mosaic_pages_per_copy must be in 1..4"):
         decode_kernel.decode_attention(qd, cache, config, interpret=True,
                                        tuning=decode_kernel.DecodeTuning(mosaic_pages_per_copy=5))
@@ -484,6 +493,16 @@ def test_gpu_kernel_wide_matches_oracle(name, kwargs, splits, stages):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not on_hopper, reason="needs a Hopper GPU")
+@pytest.mark.parametrize("wide", [False, True], ids=["", "wide"])
+@pytest.mark.parametrize("name,kwargs,splits,stages", GPU_CASES, ids=[c[0] for c in GPU_CASES])
+def test_gpu_kernel_interleave_matches_oracle(name, kwargs, splits, stages, wide):
+    """Interleaved splits (split s takes pages s, s + splits, ...; the last page, cut short, lands in any split),
+    with the codes in wide rows or not: the same oracle."""
+    _check_oracle(kwargs, splits, stages, wide=wide, interleave=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not on_hopper, reason="needs a Hopper GPU")
 @pytest.mark.parametrize("at", ["start", "end"])
 @pytest.mark.parametrize("name", ["40 pages, 5 splits, 4 stages", "ragged, a sequence without pages"])
 def test_gpu_kernel_prefetch_changes_nothing(name, at):
@@ -498,11 +517,11 @@ def test_gpu_kernel_prefetch_changes_nothing(name, at):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def _check_oracle(kwargs, splits, stages, per_copy=1, wide=False):
+def _check_oracle(kwargs, splits, stages, per_copy=1, wide=False, interleave=False):
     case = random_case(**kwargs)
     q16 = np.asarray(jnp.asarray(case[0], jnp.float16), np.float64)  # the oracle sees the kernel's fp16 q
     o, m, l = dm.low_bit_splits(*kernel_args(case), num_splits=splits, stages=stages, pages_per_copy=per_copy,
-                                wide=wide)
+                                wide=wide, interleave=interleave)
     out = np.asarray(dm.merge(o, m, l), np.float64)
     want, _, l_want = dm.reference_low_bit(q16, *case[1:])
     has = case[-1] > 0

@@ -1,0 +1,47 @@
+#!/bin/bash
+# Session 53's device plan: interleaved splits for the Mosaic low-bit decode kernel. The kernel's stream (and
+# every copy-only probe of it, TMA or thread loads) stays at ~80% of what XLA's reads reach (sessions 38, 52),
+# whatever the copy shape or the bytes in flight. Untested so far: the memory access pattern. Each block reads
+# its own contiguous run of pages, so at B=1 the 264 blocks read ~1600 separate places at once; with
+# interleaved splits (split s takes pages s, s + splits, ...) a KV head's 33 blocks read neighbouring pages.
+# PART=i (~6 min): the stream probe at B1 32K / 128K and B16 32K, contiguous against interleaved (TMA copies of
+#   the kernel's shape, codes only, wide 4-page codes, thread loads t8; t rows checked exact), read_bandwidth
+#   (the yardstick), the kernel's GPU oracle tests with interleave (and the plain ones), then decode_mgpu_ab.py
+#   --interleave --wide (the kernel itself, each variant against the first output).
+# PART=e (~7 min): e2e B=1 at 32K and 128K, one process a variant: bf16 + hyquant, hyquant interleaved,
+#   hyquant, hyquant interleaved.
+set -u
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+case "${PART:-i}" in
+i)
+  PYTHONPATH=. timeout 170 python3 benchmarks/stream_probe.py --out "$OUT" --name stream_probe_interleave_s53 \
+    --cases 1x32768,1x131072,16x32768 \
+    --configs w64_p1_s2,w64_p1_s2_i,w64_p1_s2_codes,w64_p1_s2_codes_i,w256_p4_s2_codes,w256_p4_s2_codes_i,t8,t8_i \
+    > "$OUT/stream_probe_interleave_s53.log" 2>&1
+  echo "stream rc=$?"; grep -v Warning "$OUT/stream_probe_interleave_s53.log" | tail -34
+  PYTHONPATH=. timeout 60 python3 benchmarks/read_bandwidth.py --out "$OUT" --name read_bandwidth_s53 \
+    > "$OUT/read_bandwidth_s53.log" 2>&1
+  echo "read rc=$?"; tail -3 "$OUT/read_bandwidth_s53.log"
+  PYTHONPATH=. timeout 150 python3 -m pytest -q -m gpu tests/test_decode_mgpu.py \
+    -k "interleave or (matches_oracle and not pages_per_copy and not wide_matches)" \
+    > "$OUT/decode_mgpu_interleave_gpu_tests_s53.log" 2>&1
+  echo "tests rc=$?"; tail -3 "$OUT/decode_mgpu_interleave_gpu_tests_s53.log"
+  PYTHONPATH=. timeout 170 python3 benchmarks/decode_mgpu_ab.py --interleave --wide \
+    --cases 1x131072,1x32768,16x32768 --out "$OUT" --name decode_mgpu_interleave_s53 \
+    > "$OUT/decode_mgpu_interleave_s53.log" 2>&1
+  echo "ab rc=$?"; grep '^{' "$OUT/decode_mgpu_interleave_s53.log" | python3 -c "
+import json, sys
+for line in sys.stdin:
+    r = json.loads(line); print(r['batch'], r['context'], r['kernel'], round(r['ms'], 4), '%.1e' % r['max_rel_diff_vs_first'])"
+  ;;
+e)
+  VARIANTS=".|bf16,hyquant|"$'\n'".|hyquant||--mosaic-interleave"$'\n'".|hyquant|"$'\n'".|hyquant||--mosaic-interleave" \
+    PREFIXES=32768,131072 STEPS=64 REPS=3 RUN_LIMIT=120 NAME=e2e_interleave_s53 \
+    timeout 560 bash benchmarks/gpu_e2e_variants.sh
+  ;;
+*)
+  echo "PART must be i or e" >&2; exit 2
+  ;;
+esac
