@@ -151,10 +151,6 @@ def parse_args(argv=None):
     p.add_argument("--mosaic-interleave", action="store_true",
                    help="HyQuant decode: the Mosaic low-bit kernel's splits take interleaved pages "
                         "(DecodeTuning.mosaic_interleave)")
-    p.add_argument("--mosaic-prefetch", default=None, choices=("none", "start", "end"),
-                   help="HyQuant decode: the Mosaic low-bit kernel prefetches each layer's o projection weight "
-                        "into L2 after its first copies or its last page (DecodeTuning.mosaic_prefetch; "
-                        "default: the library's, none)")
     p.add_argument("--key-bits", type=int, default=4)
     p.add_argument("--value-bits", type=int, default=4)
     from hyquant_jax.config import SCHEMES, HyQuantConfig  # jax import only: no device is initialised
@@ -232,7 +228,7 @@ def _attention(args, method):
     tuning = None
     knobs = dict(mosaic_blocks_per_sm=args.mosaic_blocks_per_sm, mosaic_splits=args.mosaic_splits,
                  mosaic_pages_per_copy=args.mosaic_pages_per_copy, mosaic_wide=args.mosaic_wide or None,
-                 mosaic_interleave=args.mosaic_interleave or None, mosaic_prefetch=args.mosaic_prefetch)
+                 mosaic_interleave=args.mosaic_interleave or None)
     if any(v is not None for v in knobs.values()):
         from hyquant_jax.decode_kernel import DecodeTuning
 

@@ -22,6 +22,8 @@
 # PART=q (~9.5 min; for a session that gets one call): the essentials of p and s in one call: the prefetch's
 #   GPU tests, e2e B=1 32K / 128K for bf16 + hyquant, hyquant with the prefetch at the end, hyquant; then the
 #   L2 probe (3 busy phases) and the stream probe at B1 32K / 128K (TMA codes-only rows against t2 / t4 / t8).
+# Session 53 removed the L2 prefetch (DecodeTuning.mosaic_prefetch, e2e --mosaic-prefetch): PART=p and q need
+# `git apply benchmarks/results/mosaic_l2_prefetch_s52.patch` first.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

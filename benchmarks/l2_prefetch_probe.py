@@ -32,11 +32,10 @@ import sys
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from pallas_kernels.decode_mgpu import _prefetch_share  # noqa: E402
 
 BOX = 256  # rows and columns of one TMA prefetch box (a box dimension has at most 256 elements)
 
@@ -47,12 +46,23 @@ def prefetch_l2(w: jax.Array, after: jax.Array, *, blocks: int = 132) -> jax.Arr
     the launch after its producer."""
     if w.ndim != 2 or w.shape[0] % BOX or w.shape[1] % BOX:
         raise ValueError(f"prefetch_l2: w must be 2-D with both dims multiples of {BOX}, got shape {w.shape}")
+    rows, cols = w.shape
+    per_row, boxes = cols // BOX, (rows // BOX) * (cols // BOX)
 
     def kernel(w_ref, after_ref, o_ref, o_s):
         del after_ref
         i = lax.axis_index("blocks")
-        # the decode kernel's prefetch: box k of the row-major [256, 256] boxes by block k mod blocks
-        _prefetch_share(w_ref, i, blocks)
+
+        def body(k, carry):  # box k of the row-major [256, 256] boxes by block k mod blocks
+            box = i + k * blocks
+
+            @pl.when(box < boxes)
+            def _():
+                plgpu.async_prefetch(w_ref.at[pl.ds((box // per_row) * BOX, BOX), pl.ds((box % per_row) * BOX, BOX)])
+
+            return carry
+
+        lax.fori_loop(0, (boxes + blocks - 1) // blocks, body, 0)
         o_s[...] = jnp.zeros((128,), jnp.float32)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(o_s, o_ref.at[i])

@@ -95,11 +95,10 @@ def ptxas_summary(report: str) -> dict:
 
 
 def _lower(kernel: str, module_path: str | None = None, pages_per_copy: int = 1, wide: bool = False,
-           config: str = "w64_p1_s2", prefetch: str = "none", interleave: bool = False):
+           config: str = "w64_p1_s2", interleave: bool = False):
     """Lower one kernel for CUDA on this machine; returns its Mosaic GPU module (bytecode). module_path: a
     variant of pallas_kernels.decode_mgpu to lower instead (decode only; ignored for prefill). config: the
-    stream probe's config (stream only). prefetch: "start" or "end" (decode only: `low_bit_splits(prefetch=a
-    [4096, 4096] bf16 weight, prefetch_at=...)`), or "none"."""
+    stream probe's config (stream only)."""
     import jax
     import jax.numpy as jnp
     from jax.experimental.mosaic.gpu import core
@@ -121,12 +120,7 @@ def _lower(kernel: str, module_path: str | None = None, pages_per_copy: int = 1,
                 sd((b, h, pages * dm.PAGE), bf), sd((b, pages), jnp.int32), sd((b,), jnp.int32))
         extra = {**(dict(pages_per_copy=pages_per_copy) if pages_per_copy > 1 else {}),
                  **(dict(wide=True) if wide else {}), **(dict(interleave=True) if interleave else {})}
-        if prefetch != "none":
-            args += (sd((4096, 4096), bf),)
-            fn = jax.jit(lambda *a: dm.low_bit_splits(*a[:-1], num_splits=2, stages=2, prefetch=a[-1],
-                                                      prefetch_at=prefetch, **extra))
-        else:
-            fn = jax.jit(lambda *a: dm.low_bit_splits(*a, num_splits=2, stages=2, **extra))
+        fn = jax.jit(lambda *a: dm.low_bit_splits(*a, num_splits=2, stages=2, **extra))
     elif kernel == "prefill":
         from hyquant_jax.attention import MOSAIC_PREFILL
         from pallas_kernels.prefill_mgpu import argument_shapes, hybrid_prefill_mgpu
@@ -173,12 +167,9 @@ def main():
     p.add_argument("--wide", action="store_true", help="decode only: `low_bit_splits(wide=True)`")
     p.add_argument("--interleave", action="store_true", help="decode only: `low_bit_splits(interleave=True)`")
     p.add_argument("--config", default="w64_p1_s2", help="stream only: a benchmarks/stream_probe.py config")
-    p.add_argument("--prefetch", default="none", choices=("none", "start", "end"),
-                   help="decode only: `low_bit_splits(prefetch=[4096, 4096] bf16, prefetch_at=...)`")
     args = p.parse_args()
-    if ((args.module or args.pages_per_copy != 1 or args.wide or args.interleave or args.prefetch != "none")
-            and args.kernel != "decode"):
-        p.error("--module, --pages-per-copy, --wide, --interleave and --prefetch are for the decode kernel only")
+    if (args.module or args.pages_per_copy != 1 or args.wide or args.interleave) and args.kernel != "decode":
+        p.error("--module, --pages-per-copy, --wide and --interleave are for the decode kernel only")
     if not os.path.exists(PLUGIN):
         sys.exit(f"{PLUGIN} is missing: run `bash scripts/offline_cuda/setup.sh` first")
     stub_dir = os.path.join(TOOLS, "lib")
@@ -192,8 +183,7 @@ def main():
     with tempfile.TemporaryDirectory() as dump:
         os.environ.update(MOSAIC_GPU_CUDA_ROOT=CUDA, MOSAIC_GPU_RUNTIME_LIB_PATH=RUNTIME, MOSAIC_GPU_DUMP_PTX="1",
                           MOSAIC_GPU_DUMP_TO=dump)
-        module = _lower(args.kernel, args.module, args.pages_per_copy, args.wide, args.config, args.prefetch,
-                        args.interleave)
+        module = _lower(args.kernel, args.module, args.pages_per_copy, args.wide, args.config, args.interleave)
         compile_module = ctypes.CDLL(PLUGIN).MosaicGpuCompile
         compile_module.argtypes = [ctypes.c_char_p, ctypes.c_int]
         compile_module.restype = ctypes.c_void_p

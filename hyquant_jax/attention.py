@@ -80,13 +80,11 @@ def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, backend: st
 
 
 def decode_step(q, k, v, cache: HybridKVCache, config: HyQuantConfig, backend: str = "auto",
-                active=None, scale: float | None = None, flush: bool = True, tuning=None, prefetch=None):
+                active=None, scale: float | None = None, flush: bool = True, tuning=None):
     """Append this step's k, v [B, Hkv, D], attend with q [B, Hq, D], update ring scores.
 
     flush=False: the window rings were already given room (`flush_full_rings`, see `append`).
     tuning: the kernel backends' launch knobs (`decode_kernel.DecodeTuning`; None: their defaults).
-    prefetch: None or an array for the Mosaic low-bit kernel to prefetch into L2 (the o projection weight;
-    only with `tuning.mosaic_prefetch`, see `decode_kernel.decode_attention`); the results do not depend on it.
     Returns (out [B, Hq, D], new cache).
 
     The kernel backends attend over the cache as it was and this step's token as one more key
@@ -119,7 +117,7 @@ def decode_step(q, k, v, cache: HybridKVCache, config: HyQuantConfig, backend: s
         # the kernels hand over their ring logits, so XLA makes no second pass over the ring
         out, lse, *logits = decode_kernel.decode_attention(
             q, cache, config, interpret=resolved == "interpret", scale=scale,
-            ring_logits=ring_logits, new_token=(k, v, active), token_slot=slot, tuning=tuning, prefetch=prefetch)
+            ring_logits=ring_logits, new_token=(k, v, active), token_slot=slot, tuning=tuning)
         cache = appended
     ring_logits = logits[0] if logits else None
     cache = accumulate_ring_scores(cache, q, lse, config, scale=scale, ring_logits=ring_logits)

@@ -57,12 +57,7 @@ class DecodeTuning:
       mosaic_wide: the codes copied in wide rows (`low_bit_splits(wide=True)`). Both were candidates for a
       faster stream: exact, and no faster beyond the spread on an H100 (benchmarks/NOTES.md, session 52);
       mosaic_interleave: interleaved splits (`low_bit_splits(interleave=True)`: split s takes pages s,
-      s + splits, ..., so that a KV head's blocks read neighbouring pages at any moment); one page a copy only;
-    mosaic_prefetch: "none" (the default), "start" or "end": the Mosaic kernel's blocks prefetch the array
-      that `decode_attention(..., prefetch=...)` gets (a model's o projection weight, which the step reads
-      next) into L2, after their first copies or after their last page (`low_bit_splits(prefetch=...)`).
-      A candidate for B=1, where the kernel leaves HBM bandwidth unused; exact, and the B=1 step was no
-      faster with it on an H100 (benchmarks/NOTES.md, session 52).
+      s + splits, ..., so that a KV head's blocks read neighbouring pages at any moment); one page a copy only.
     """
 
     n_low: int | None = None
@@ -80,7 +75,6 @@ class DecodeTuning:
     mosaic_pages_per_copy: int = 1
     mosaic_wide: bool = False
     mosaic_interleave: bool = False
-    mosaic_prefetch: str = "none"
 
     def launch(self) -> tuple[int, int]:
         """(num_warps, num_stages) of the Triton launch: 4 warps / 3 stages unless set. Measured best on the
@@ -205,7 +199,7 @@ def decode_layout(cache: HybridKVCache, config: HyQuantConfig, q_heads: int,
 
 def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, interpret: bool = False,
                      scale: float | None = None, tuning: DecodeTuning | None = None, ring_logits: bool = False,
-                     new_token=None, token_slot=None, prefetch=None):
+                     new_token=None, token_slot=None):
     """Hybrid decode attention through the Pallas kernel.
 
     q: [B, Hq, D]. Returns (out [B, Hq, D] in q.dtype, lse float32 [B, Hq]); with ring_logits also the
@@ -220,9 +214,6 @@ def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, interpret: 
     token_slot: None or int32 [B], the ring slot that append fills (None: `(ring_start + ring_len) %
     ring_size` of `cache`). `decode_step` takes it from the appended cache: the append advances `ring_len` in
     place, and a reader of the old value after it made XLA copy `ring_len` twice a layer and step.
-    prefetch: None or an array the Mosaic low-bit kernel prefetches into L2 as a 2-D [rows, last dim] view
-    when `tuning.mosaic_prefetch` is "start" or "end" (`low_bit_splits(prefetch=...)`; a model passes its
-    o projection weight); unused where the Mosaic kernel does not run or mosaic_prefetch is "none".
     """
     check_decode_query(q, cache)
     b, hq, d = q.shape
@@ -239,12 +230,8 @@ def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, interpret: 
                          f"{jnp.shape(token_slot)}" + (" without new_token" if new_token is None else ""))
     tuning = DecodeTuning() if tuning is None else tuning
     lay, num_warps, num_stages, mosaic_launch = decode_plan(cache, config, hq, tuning, interpret, ring_logits)
-    if mosaic_launch is None or mosaic_launch[4] == "none":
-        prefetch = None
-    elif prefetch is not None:
-        prefetch = prefetch.reshape(-1, prefetch.shape[-1])
     result = _run(q, cache, lay, scale if scale is not None else 1.0 / math.sqrt(d), num_warps, num_stages,
-                  interpret, mosaic_launch, new_token, prefetch)
+                  interpret, mosaic_launch, new_token)
     if new_token is None or not lay.ring_logits:
         return result
     out, lse, ring, token_logits = result  # the token's logit at the ring slot that the caller's append fills
@@ -256,12 +243,10 @@ def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, interpret: 
 def decode_plan(cache: HybridKVCache, config: HyQuantConfig, q_heads: int, tuning: DecodeTuning = DecodeTuning(),
                 interpret: bool = False, ring_logits: bool = False):
     """The launches of `decode_attention` (static): (Triton layout, its num_warps, num_stages, and the Mosaic
-    low-bit launch (splits, stages, pages per copy, wide, prefetch_at, interleave) or None when the Triton kernel scans the
+    low-bit launch (splits, stages, pages per copy, wide, interleave) or None when the Triton kernel scans the
     low-bit pages too)."""
-    from pallas_kernels.decode_mgpu import MAX_PAGES_PER_COPY, PREFETCH_AT
+    from pallas_kernels.decode_mgpu import MAX_PAGES_PER_COPY
 
-    if tuning.mosaic_prefetch not in PREFETCH_AT:
-        raise ValueError(f"DecodeTuning.mosaic_prefetch must be one of {PREFETCH_AT}, got {tuning.mosaic_prefetch!r}")
     if not 1 <= tuning.mosaic_pages_per_copy <= MAX_PAGES_PER_COPY:
         raise ValueError(f"DecodeTuning.mosaic_pages_per_copy must be in 1..{MAX_PAGES_PER_COPY}, "
                          f"got {tuning.mosaic_pages_per_copy}")
@@ -279,20 +264,16 @@ def decode_plan(cache: HybridKVCache, config: HyQuantConfig, q_heads: int, tunin
         splits = tuning.mosaic_splits or default_splits(cache.batch, cache.num_kv_heads, pages,
                                                         sms=tuning.sm_count, per_sm=tuning.mosaic_blocks_per_sm)
         per_copy = max(n for n in range(1, tuning.mosaic_pages_per_copy + 1) if pages % n == 0)
-        mosaic_launch = (splits, tuning.mosaic_stages, per_copy, bool(tuning.mosaic_wide), tuning.mosaic_prefetch,
+        mosaic_launch = (splits, tuning.mosaic_stages, per_copy, bool(tuning.mosaic_wide),
                          bool(tuning.mosaic_interleave))
     return lay, num_warps, num_stages, mosaic_launch
 
 
 def _mosaic_low_bit(q, cache: HybridKVCache, scale: float, splits: int, stages: int, pages_per_copy: int = 1,
-                    wide: bool = False, prefetch_at: str = "none", interleave: bool = False, packed: bool = False,
-                    prefetch=None):
+                    wide: bool = False, interleave: bool = False, packed: bool = False):
     """The low-bit pages through `pallas_kernels.decode_mgpu`, as Triton-style splits (packed: (o, ml) as the
-    kernel writes them, `low_bit_splits(..., packed=True)`, for `decode_merge`). q: [B, Hq, D]. prefetch: a 2-D
-    array the kernel prefetches into L2 at prefetch_at (`decode_attention` passes none with "none")."""
+    kernel writes them, `low_bit_splits(..., packed=True)`, for `decode_merge`). q: [B, Hq, D]."""
     from pallas_kernels import decode_mgpu
-
-    extra = {} if prefetch is None else dict(prefetch=prefetch, prefetch_at=prefetch_at)
 
     # A bf16 q goes in as it is and each block prepares its rows (no XLA conversion launch between the q/k
     # norm + RoPE kernel and this one, which is on every layer's critical path at B=1).
@@ -301,7 +282,7 @@ def _mosaic_low_bit(q, cache: HybridKVCache, scale: float, splits: int, stages: 
         q if bf16 else decode_mgpu.kernel_query(q, cache.num_kv_heads, scale), cache.k_codes, cache.k_scale,
         cache.k_zero, cache.v_codes, cache.v_scale[..., 0], cache.v_zero[..., 0], cache.page_count, cache.num_pages,
         num_splits=splits, stages=stages, packed=packed, query_scale=float(scale) if bf16 else None,
-        pages_per_copy=pages_per_copy, wide=wide, interleave=interleave, **extra)
+        pages_per_copy=pages_per_copy, wide=wide, interleave=interleave)
     return out if packed else decode_mgpu.natural_splits(*out)
 
 
@@ -353,13 +334,13 @@ def triton_splits(q, cache: HybridKVCache, lay: DecodeLayout, scale, num_warps, 
 
 @jax.jit(static_argnames=("lay", "scale", "num_warps", "num_stages", "interpret", "mosaic_launch"))
 def _run(q, cache: HybridKVCache, lay: DecodeLayout, scale, num_warps, num_stages, interpret, mosaic_launch=None,
-         new_token=None, prefetch=None):
+         new_token=None):
     """(out, lse), with `lay.ring_logits` also the ring logits [B, Hq, R], and with a new token as well its
     logits [B, Hq] (which `decode_attention` places at its ring slot, outside: see its token_slot)."""
     b, hq, d = q.shape
     low = None
     if mosaic_launch is not None:
-        low = _mosaic_low_bit(q, cache, scale, *mosaic_launch, packed=True, prefetch=prefetch)
+        low = _mosaic_low_bit(q, cache, scale, *mosaic_launch, packed=True)
     o, m, l, ring = triton_splits(q, cache, lay, scale, num_warps, num_stages, interpret)
     token = None
     if new_token is not None:  # the step's own token: one more split of one key, merged with the others

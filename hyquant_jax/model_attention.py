@@ -132,9 +132,7 @@ class HybridAttention(RingFlushing):
     prefill_backend: hybrid-prefill backend (None: same as backend).
     cache_dtype: dtype of the full-precision regions (None: k's dtype).
     decode_tuning: the decode kernels' launch knobs (`hyquant_jax.decode_kernel.DecodeTuning`, e.g. the Mosaic
-    kernel's blocks per multiprocessor); None: their defaults. Ignored by the reference backend. With its
-    `mosaic_prefetch` set, the model hands `decode` each layer's o projection weight to prefetch
-    (`prefetches_output_weight`).
+    kernel's blocks per multiprocessor); None: their defaults. Ignored by the reference backend.
     chunk_impl: chunked prefill's attention over the staged prompt, as `models.BF16Attention.chunk_impl`.
     """
 
@@ -176,17 +174,10 @@ class HybridAttention(RingFlushing):
         return freeze(state.k, state.v, ctx.lengths, state.q_tail, self.config, ctx.max_len, vl=vl,
                       min_length=ctx.min_length)
 
-    @property
-    def prefetches_output_weight(self) -> bool:
-        """Whether `models.forward` passes decode the layer's o projection weight (`prefetch=`): with
-        DecodeTuning.mosaic_prefetch "start" or "end"."""
-        return self.decode_tuning is not None and self.decode_tuning.mosaic_prefetch != "none"
-
-    def decode(self, layer, q, k, v, cache: HybridKVCache, ctx: DecodeContext, prefetch=None):
+    def decode(self, layer, q, k, v, cache: HybridKVCache, ctx: DecodeContext):
         dt = cache.dtype
         return decode_step(q, k.astype(dt), v.astype(dt), cache, self.config, backend=self.backend,
-                           active=ctx.active, flush=not ctx.prepared, tuning=self.decode_tuning,
-                           prefetch=prefetch)
+                           active=ctx.active, flush=not ctx.prepared, tuning=self.decode_tuning)
 
     def used_bytes(self, cache: HybridKVCache, lengths=None) -> np.ndarray:
         return cache.used_bytes(self.config)

@@ -92,9 +92,6 @@ class Attention(Protocol):
                ctx: DecodeContext) -> tuple[jax.Array, Any]:
         """q [B, Hq, D], k, v [B, Hkv, D] -> (out [B, Hq, D], state with k, v appended)."""
 
-    # Optional: `prefetches_output_weight` (a bool attribute): when true, `decode` also gets
-    # `prefetch=` the layer's o projection weight [Hq, D, E], to bring into L2 while it attends
-    # (`hyquant_jax.HybridAttention` with DecodeTuning.mosaic_prefetch).
     # Optional: `begin_decode_step(self, states: tuple, ctx) -> states`, work done once per decode
     # step for all layers together before the layers' `decode` calls (see `begin_decode_step`), and
     # `steps_until_begin(self, states, ctx) -> int32 []`: how many steps from now need no such work

@@ -218,9 +218,7 @@ def _attention_block(layer: LayerParams, i: int, h, cos, sin, state, ctx, config
             k = rms_norm(k, layer.k_norm, config.rms_norm_eps)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     if isinstance(ctx, DecodeContext):
-        # An implementation may prefetch the o projection weight while it attends (`prefetches_output_weight`)
-        extra = dict(prefetch=layer.wo) if getattr(attention, "prefetches_output_weight", False) else {}
-        out, state = attention.decode(i, q[:, :, 0], k[:, :, 0], v[:, :, 0], state, ctx, **extra)
+        out, state = attention.decode(i, q[:, :, 0], k[:, :, 0], v[:, :, 0], state, ctx)
         out = out[:, :, None]
     else:
         out, state = attention.prefill(i, q, k, v, state, ctx)

@@ -332,62 +332,11 @@ def split_pages(num_pages, split, num_splits: int, pages_per_copy: int = 1):
     return first_chunk, stop_chunk, first_chunk * pages_per_copy, jnp.minimum(stop_chunk * pages_per_copy, num_pages)
 
 
-PREFETCH_AT = ("none", "start", "end")
-
-
-def prefetch_box(shape) -> tuple[int, int]:
-    """The TMA prefetch box of a 2-D array [R, C] (2-byte elements): the largest powers of two dividing R and C,
-    at most 256 each (a box dimension's limit) and at least 8 columns (a box row is a multiple of 16 bytes);
-    ValueError where C has no such divisor."""
-    rows, cols = shape
-    box_rows = 256
-    while rows % box_rows:
-        box_rows //= 2
-    box_cols = 256
-    while cols % box_cols and box_cols > 8:
-        box_cols //= 2
-    if cols % box_cols:
-        raise ValueError(f"prefetch: the array's columns must be a multiple of 8, got shape {tuple(shape)}")
-    return box_rows, box_cols
-
-
-def _prefetch_share(ref, block, blocks: int):
-    """Issue TMA prefetches into L2 of this block's boxes of ref (2-D, `prefetch_box`): box i for i = block,
-    block + blocks, ... in row-major box order. Nothing waits for them."""
-    box_rows, box_cols = prefetch_box(ref.shape)
-    per_row = ref.shape[1] // box_cols
-    boxes = ref.shape[0] // box_rows * per_row
-
-    def one(k, carry):
-        box = block + k * blocks
-
-        @pl.when(box < boxes)
-        def _():
-            plgpu.async_prefetch(ref.at[pl.ds(box // per_row * box_rows, box_rows),
-                                        pl.ds(box % per_row * box_cols, box_cols)])
-
-        return carry
-
-    lax.fori_loop(0, (boxes + blocks - 1) // blocks, one, 0)
-
-
-def _kernel_with_prefetch(*refs, prefetch_at: str, **kwargs):
-    """`_kernel` with one more input after num_pages, the array to prefetch into L2."""
-    inputs, rest = refs[:9], refs[10:]
-    _kernel(*inputs, *rest, prefetch_ref=refs[9], prefetch_at=prefetch_at, **kwargs)
-
-
 def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_ref, o_ref, ml_ref,
             q_s, kc_s, ks_s, kz_s, vc_s, vs_s, vz_s, staging_s, p_s, o_s, ml_s, flag_s, setup_bar, full,
             *query_staging, stages: int, num_splits: int, group: int, query_scale: float | None,
-            pages_per_copy: int = 1, wide: bool = False, interleave: bool = False, prefetch_ref=None,
-            prefetch_at: str = "none"):
+            pages_per_copy: int = 1, wide: bool = False, interleave: bool = False):
     b, h, split = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("splits")
-
-    def prefetch():
-        heads = kc_ref.shape[1]
-        _prefetch_share(prefetch_ref, (b * heads + h) * num_splits + split, kc_ref.shape[0] * heads * num_splits)
-
     ppc = pages_per_copy  # pages a slot holds: each of its six copies moves that many pages' worth
     if query_scale is None:
         plgpu.copy_gmem_to_smem(q_ref.at[b, h], q_s, setup_bar)
@@ -426,8 +375,6 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
         def _prologue(k=k):
             issue(first_chunk + k, k)
 
-    if prefetch_at == "start":
-        prefetch()
     plgpu.barrier_wait(setup_bar)
     if query_scale is not None:
         plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType(transforms=_swizzled(jnp.float16, HEAD_DIM))))(
@@ -541,8 +488,6 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
              plgpu.layout_cast(jnp.zeros((PAGE, ROWS), jnp.float32), wg),
              plgpu.layout_cast(jnp.zeros((PAGE, ROWS), jnp.float32), wg))
     acc, m, l_part, z_part = lax.fori_loop(first, stop, body, carry)
-    if prefetch_at == "end":
-        prefetch()
     o_s[...] = acc + lax.broadcast_in_dim(z_part.sum(axis=0), acc.shape, [1])
     ml_s[0] = m
     ml_s[1] = l_part.sum(axis=0)
@@ -556,11 +501,11 @@ MAX_PAGES_PER_COPY = 4  # a TMA box has at most 256 rows: 4 pages of 64 value sc
 
 
 @functools.partial(jax.jit, static_argnames=("num_splits", "stages", "profile_dir", "packed", "query_scale",
-                                             "pages_per_copy", "wide", "interleave", "prefetch_at"))
+                                             "pages_per_copy", "wide", "interleave"))
 def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_count, num_pages, *,
                    num_splits: int, stages: int = 2, profile_dir: str | None = None, packed: bool = False,
                    query_scale: float | None = None, pages_per_copy: int = 1, wide: bool = False,
-                   interleave: bool = False, prefetch=None, prefetch_at: str = "end"):
+                   interleave: bool = False):
     """Split-K decode attention over the low-bit pages of each (sequence, KV head), on the cache's own arrays.
 
     q: f16 [B, H, 16, 128], query rows of each KV head's GQA group (zero rows past the group), channels in
@@ -592,13 +537,6 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
     (pages_per_copy 1 only), so that at any moment the blocks of a KV head read neighbouring pages: fewer,
     wider streams through memory. The splits' results differ only in which pages they hold; `merge`'s output
     is the same up to float rounding.
-    prefetch: None or a 2-D array of 2-byte elements (e.g. the o projection's weight, [Hq * 128, E], which the
-    step reads next): the blocks issue TMA prefetches of its boxes (`prefetch_box`) into L2, each its share,
-    at prefetch_at: "end" (after the block's last page) or "start" (after its first copies). The kernel does
-    not wait for them and its results do not change (bit for bit, GPU tests). At B=1 the kernel streams its
-    pages well below HBM's speed, so the weight could come in beside them; on an H100 (session 52) the decode
-    step was no faster with it (results/e2e_prefetch_ab_s52.json): the GEMV after it gained only 1.5-3 us
-    from an L2-resident weight (results/l2_prefetch_probe_s52.json).
     """
     bsz, heads, slots, _ = k_codes.shape
     pages = slots // PAGE
@@ -629,17 +567,10 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
                          f"got {ppc}")
     if interleave and ppc != 1:
         raise ValueError(f"interleave takes pages_per_copy 1, got {ppc}")
-    if prefetch_at not in PREFETCH_AT[1:]:
-        raise ValueError(f"prefetch_at must be 'start' or 'end', got {prefetch_at!r}")
-    if prefetch is not None:
-        if prefetch.ndim != 2 or jnp.dtype(prefetch.dtype).itemsize != 2:
-            raise ValueError(f"prefetch must be a 2-D array of 2-byte elements, got {prefetch.dtype} {prefetch.shape}")
-        prefetch_box(prefetch.shape)
     f32, u8, bf16 = jnp.float32, jnp.uint8, jnp.bfloat16
     key_rows, value_rows = ((16, 256), (32, 128)) if wide else ((PAGE, BYTES), (PAGE, BYTES))  # a page's code bytes
-    body = _kernel if prefetch is None else functools.partial(_kernel_with_prefetch, prefetch_at=prefetch_at)
     kernel = plgpu.kernel(
-        functools.partial(body, stages=stages, num_splits=num_splits, group=group,
+        functools.partial(_kernel, stages=stages, num_splits=num_splits, group=group,
                           query_scale=None if query_scale is None else float(query_scale),
                           **(dict(pages_per_copy=ppc) if ppc > 1 else {}), **(dict(wide=True) if wide else {}),
                           **(dict(interleave=True) if interleave else {})),
@@ -682,8 +613,7 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
         k_codes = k_codes.reshape(bsz, heads, pages, *key_rows)
         v_codes = v_codes.reshape(bsz, heads, pages, *value_rows)
         v_scale, v_zero = (x.reshape(bsz, heads, pages, PAGE) for x in (v_scale, v_zero))
-    o_t, ml = kernel(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_count, num_pages,
-                     *(() if prefetch is None else (prefetch,)))
+    o_t, ml = kernel(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_count, num_pages)
     if packed:
         return o_t, ml
     return jnp.swapaxes(o_t, -1, -2), ml[..., 0, :], ml[..., 1, :]

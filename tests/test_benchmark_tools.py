@@ -472,8 +472,6 @@ def test_e2e_mosaic_blocks_per_sm_reaches_the_hybrid_attention():
     assert attention.decode_tuning == DecodeTuning(mosaic_wide=True)
     attention, _ = e2e._attention(e2e.parse_args(["--smoke", "--mosaic-interleave"]), "hyquant")
     assert attention.decode_tuning == DecodeTuning(mosaic_interleave=True)
-    attention, _ = e2e._attention(e2e.parse_args(["--smoke", "--mosaic-prefetch", "end"]), "hyquant")
-    assert attention.decode_tuning == DecodeTuning(mosaic_prefetch="end") and attention.prefetches_output_weight
     attention, _ = e2e._attention(e2e.parse_args(["--smoke"]), "hyquant")
     assert attention.decode_tuning is None
     for flag in ("--mosaic-splits", "--mosaic-blocks-per-sm", "--mosaic-pages-per-copy"):

@@ -80,41 +80,6 @@ def test_kernel_lowers_for_cuda(splits, stages, per_copy, wide, interleave):
     assert "mosaic_gpu" in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
-@pytest.mark.parametrize("at", ["start", "end"])
-def test_kernel_lowers_for_cuda_with_a_prefetch(at):
-    """`low_bit_splits(prefetch=...)`: the kernel with one more operand, a 2-D weight it prefetches into L2, lowers
-    at either point; arrays it cannot prefetch and unknown points are errors that name the rule."""
-    args = kernel_args(random_case(2, 2, 6, [5, 0], seed=0))
-    weight = jnp.zeros((1024, 512), jnp.bfloat16)
-    fn = jax.jit(lambda *a: dm.low_bit_splits(*a[:-1], num_splits=3, prefetch=a[-1], prefetch_at=at))
-    assert "mosaic_gpu" in fn.trace(*args, weight).lower(lowering_platforms=("cuda",)).as_text()
-    for bad, match in ((jnp.zeros((4, 64, 128), jnp.bfloat16), "2-D array of 2-byte"),
-                       (jnp.zeros((64, 128), jnp.float32), "2-D array of 2-byte"),
-                       (jnp.zeros((64, 12), jnp.bfloat16), "multiple of 8")):
-        with pytest.raises(ValueError, match=match):
-            dm.low_bit_splits(*args, num_splits=3, prefetch=bad)
-    with pytest.raises(ValueError, match="prefetch_at must be 'start' or 'end'"):
-        dm.low_bit_splits(*args, num_splits=3, prefetch=weight, prefetch_at="none")
-
-
-def test_prefetch_boxes_cover_the_array_once():
-    """`prefetch_box` and the blocks' shares: the boxes tile the array (the o projection weights of Qwen3-8B
-    and SmolLM2, a tensor-parallel half, a narrow one), and box i goes to block i mod blocks."""
-    assert dm.prefetch_box((4096, 4096)) == (256, 256) and dm.prefetch_box((576, 576)) == (64, 64)
-    assert dm.prefetch_box((2048, 5120)) == (256, 256) and dm.prefetch_box((96, 40)) == (32, 8)
-    for shape, blocks in (((4096, 4096), 264), ((576, 576), 7), ((96, 40), 1000)):
-        rows, cols = dm.prefetch_box(shape)
-        per_row, boxes = shape[1] // cols, shape[0] // rows * (shape[1] // cols)
-        seen = np.zeros(shape, int)
-        for block in range(blocks):
-            for k in range(-(-boxes // blocks)):
-                box = block + k * blocks
-                if box < boxes:
-                    r, c = box // per_row * rows, box % per_row * cols
-                    seen[r:r + rows, c:c + cols] += 1
-        assert np.all(seen == 1), shape
-
-
 def test_splits_cover_every_page_once():
     """`split_pages`: over a sequence's splits, every page in use is attended exactly once, each split's pages
     are whole chunks but for the sequence's last, and a chunk is copied by exactly one split."""
@@ -213,10 +178,10 @@ def test_oracle_is_attention_over_the_valid_tokens():
 
 
 def _emulated_low_bit_splits(*args, num_splits, stages, packed=False, query_scale=None, pages_per_copy=1,
-                             wide=False, interleave=False, prefetch=None, prefetch_at="end"):
+                             wide=False, interleave=False):
     """`low_bit_splits` as one split (the rest empty), from the float64 oracle: same inputs, same outputs (the
-    pages a copy, wide rows, the interleaved splits and a prefetch change only how the kernel streams)."""
-    del stages, wide, interleave, prefetch, prefetch_at
+    pages a copy, wide rows and the interleaved splits change only how the kernel streams)."""
+    del stages, wide, interleave
     assert args[1].shape[2] // dm.PAGE % pages_per_copy == 0
     if query_scale is not None:  # the step's bf16 q, prepared as the kernel does it
         args = (dm.kernel_query(args[0], args[1].shape[1], query_scale), *args[1:])
@@ -267,14 +232,6 @@ def test_glue_merges_mosaic_and_triton_splits(monkeypatch):
     assert seen and seen[0]["query_scale"] == 1.0 / math.sqrt(128)
     np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), rtol=2e-2, atol=2e-2)
     np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), atol=2e-3)
-    # a weight to prefetch (DecodeTuning.mosaic_prefetch) reaches the kernel with its point; nothing else changes
-    seen.clear()
-    launch = (3, 2, 1, False, "end")
-    out2, lse2 = decode_kernel._run(qb, cache, lay, 1.0 / math.sqrt(128), 2, 2, True, launch, None,
-                                    jnp.zeros((256, 64), jnp.bfloat16))
-    assert seen[0]["prefetch"].shape == (256, 64) and seen[0]["prefetch_at"] == "end"
-    np.testing.assert_array_equal(np.asarray(out2), np.asarray(out))
-    np.testing.assert_array_equal(np.asarray(lse2), np.asarray(lse))
 
 
 def test_mosaic_choice():
@@ -303,31 +260,24 @@ def test_mosaic_splits_override(monkeypatch):
     """DecodeTuning.mosaic_splits reaches the Mosaic launch as given; without it default_splits decides."""
     config = hq.HyQuantConfig()
     qd, cache = _cache(jax.random.PRNGKey(13), 2, 8, 2, 128, [300, 200], config)
-    launches, prefetches = [], []
+    launches = []
     monkeypatch.setattr(decode_kernel, "use_mosaic_low_bit", lambda *a, **k: True)
-    monkeypatch.setattr(decode_kernel, "_run", lambda *a: launches.append(a[7]) or prefetches.append(a[9]))
-    weight = jnp.zeros((16, 128, 64), jnp.bfloat16)  # an o projection weight [Hq, D, E]
+    monkeypatch.setattr(decode_kernel, "_run", lambda *a: launches.append(a[7]))  # mosaic_launch
     for t in (decode_kernel.DecodeTuning(mosaic_splits=5, mosaic_stages=3), decode_kernel.DecodeTuning(),
               decode_kernel.DecodeTuning(mosaic_pages_per_copy=4, mosaic_wide=True),
-              decode_kernel.DecodeTuning(mosaic_prefetch="end"), decode_kernel.DecodeTuning(mosaic_interleave=True)):
-        decode_kernel.decode_attention(qd, cache, config, interpret=True, tuning=t, prefetch=weight)
+              decode_kernel.DecodeTuning(mosaic_interleave=True)):
+        decode_kernel.decode_attention(qd, cache, config, interpret=True, tuning=t)
     pages = cache.page_count.shape[1]
     per_copy = max(n for n in range(1, 5) if pages % n == 0)  # the largest divisor of the pages up to 4
     splits = dm.default_splits(2, 2, pages)
-    assert launches == [(5, 3, 1, False, "none", False), (splits, 2, 1, False, "none", False),
-                        (splits, 2, per_copy, True, "none", False), (splits, 2, 1, False, "end", False),
-                        (splits, 2, 1, False, "none", True)]
-    # the weight reaches the launch, as a 2-D view, only when the tuning asks for the prefetch
-    assert prefetches[:3] == [None] * 3 and prefetches[3].shape == (16 * 128, 64) and prefetches[4] is None
+    assert launches == [(5, 3, 1, False, False), (splits, 2, 1, False, False), (splits, 2, per_copy, True, False),
+                        (splits, 2, 1, False, True)]
     with pytest.raises(ValueError, match="mosaic_interleave takes mosaic_pages_per_copy 1, got 2"):
         decode_kernel.decode_attention(qd, cache, config, interpret=True,
                                        tuning=decode_kernel.DecodeTuning(mosaic_interleave=True, mosaic_pages_per_copy=2))
     with pytest.raises(ValueError, match="mosaic_pages_per_copy must be in 1..4"):
         decode_kernel.decode_attention(qd, cache, config, interpret=True,
                                        tuning=decode_kernel.DecodeTuning(mosaic_pages_per_copy=5))
-    with pytest.raises(ValueError, match="mosaic_prefetch must be one of"):
-        decode_kernel.decode_attention(qd, cache, config, interpret=True,
-                                       tuning=decode_kernel.DecodeTuning(mosaic_prefetch="always"))
 
 
 def test_hybrid_attention_passes_its_decode_tuning(monkeypatch):
@@ -499,22 +449,6 @@ def test_gpu_kernel_interleave_matches_oracle(name, kwargs, splits, stages, wide
     """Interleaved splits (split s takes pages s, s + splits, ...; the last page, cut short, lands in any split),
     with the codes in wide rows or not: the same oracle."""
     _check_oracle(kwargs, splits, stages, wide=wide, interleave=True)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not on_hopper, reason="needs a Hopper GPU")
-@pytest.mark.parametrize("at", ["start", "end"])
-@pytest.mark.parametrize("name", ["40 pages, 5 splits, 4 stages", "ragged, a sequence without pages"])
-def test_gpu_kernel_prefetch_changes_nothing(name, at):
-    """With a weight to prefetch into L2 (Qwen3-8B's o projection shape, more boxes than blocks), the kernel's
-    outputs are bit for bit those without it."""
-    _, kwargs, splits, stages = next(c for c in GPU_CASES if c[0] == name)
-    args = kernel_args(random_case(**kwargs))
-    weight = jnp.ones((4096, 4096), jnp.bfloat16)
-    want = dm.low_bit_splits(*args, num_splits=splits, stages=stages)
-    got = dm.low_bit_splits(*args, num_splits=splits, stages=stages, prefetch=weight, prefetch_at=at)
-    for a, b in zip(want, got):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def _check_oracle(kwargs, splits, stages, per_copy=1, wide=False, interleave=False):

@@ -420,37 +420,3 @@ def test_qwen2_yarn_logits_match_transformers():
     far = ref["positions"] > 64
     other = np.asarray(_full_logits(params, plain, jnp.asarray(ref["tokens"])))[0, ref["positions"]]
     assert np.abs(other[far] - ref["logits"][far]).max() > 0.1
-
-
-def test_forward_hands_the_output_weight_to_an_attention_that_prefetches():
-    """An attention with `prefetches_output_weight` gets each layer's o projection weight as `prefetch=` in its
-    decode calls (and none in prefill); the logits are those of the same attention without it.
-    HybridAttention declares it exactly when its DecodeTuning asks for the Mosaic kernel's prefetch."""
-    import hyquant_jax as hq
-    from hyquant_jax.decode_kernel import DecodeTuning
-
-    seen = []
-
-    @dataclasses.dataclass(frozen=True)
-    class Prefetching(BF16Attention):
-        prefetches_output_weight = True
-
-        def decode(self, layer, q, k, v, state, ctx, prefetch=None):
-            seen.append((layer, prefetch))
-            return super().decode(layer, q, k, v, state, ctx)
-
-    params = init_params(jax.random.PRNGKey(3), TINY, jnp.float32)
-    tokens = jax.random.randint(jax.random.PRNGKey(4), (1, 6), 0, TINY.vocab_size)
-    logits = []
-    for attn in (BF16Attention(), Prefetching()):
-        ctx = PrefillContext(jnp.int32(0), jnp.full((1,), 5, jnp.int32), 6, whole=True)
-        states = tuple(attn.prefill_state(TINY, 1, 6, 6, jnp.float32, True) for _ in range(TINY.num_layers))
-        _, states = forward(params, tokens[:, :5], ctx, states, config=TINY, attention=attn)
-        dctx = DecodeContext(jnp.full((1,), 5, jnp.int32), jnp.ones((1,), bool))
-        logits.append(forward(params, tokens[:, 5:], dctx, states, config=TINY, attention=attn)[0])
-    assert [layer for layer, _ in seen] == list(range(TINY.num_layers))
-    assert all(w is params.layers[i].wo for i, w in seen)
-    np.testing.assert_array_equal(np.asarray(logits[0]), np.asarray(logits[1]))
-    assert not hq.HybridAttention().prefetches_output_weight
-    assert not hq.HybridAttention(decode_tuning=DecodeTuning()).prefetches_output_weight
-    assert hq.HybridAttention(decode_tuning=DecodeTuning(mosaic_prefetch="end")).prefetches_output_weight
