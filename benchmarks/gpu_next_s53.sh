@@ -7,7 +7,8 @@
 # PART=i (~6 min): the stream probe at B1 32K / 128K and B16 32K, contiguous against interleaved (TMA copies of
 #   the kernel's shape, codes only, wide 4-page codes, thread loads t8; t rows checked exact), read_bandwidth
 #   (the yardstick), the kernel's GPU oracle tests with interleave (and the plain ones), then decode_mgpu_ab.py
-#   --interleave --wide (the kernel itself, each variant against the first output).
+#   --interleave --wide (the kernel itself, each variant against the first output). Also the chunked-prefill
+#   kernel's GPU test at SmolLM2's head_dim 64, where 128 rows a program became the default untested (s52).
 # PART=e (~7 min): e2e B=1 at 32K and 128K, one process a variant: bf16 + hyquant, hyquant interleaved,
 #   hyquant, hyquant interleaved.
 set -u
@@ -28,6 +29,9 @@ i)
     -k "interleave or (matches_oracle and not pages_per_copy and not wide_matches)" \
     > "$OUT/decode_mgpu_interleave_gpu_tests_s53.log" 2>&1
   echo "tests rc=$?"; tail -3 "$OUT/decode_mgpu_interleave_gpu_tests_s53.log"
+  PYTHONPATH=. timeout 90 python3 -m pytest -q -m gpu tests/test_prefix_kernel.py -k head_dim_64 \
+    > "$OUT/prefix_kernel_head_dim_64_gpu_tests_s53.log" 2>&1
+  echo "prefix tests rc=$?"; tail -2 "$OUT/prefix_kernel_head_dim_64_gpu_tests_s53.log"
   PYTHONPATH=. timeout 170 python3 benchmarks/decode_mgpu_ab.py --interleave --wide \
     --cases 1x131072,1x32768,16x32768 --out "$OUT" --name decode_mgpu_interleave_s53 \
     > "$OUT/decode_mgpu_interleave_s53.log" 2>&1

@@ -149,8 +149,19 @@ def test_gpu_auto_is_the_kernel():
 def test_gpu_kernel_matches_xla_and_oracle(offset, t, s, block_q):
     """The compiled kernel at the Qwen3-8B head shape (32 / 8 heads, head_dim 128, bf16) against the XLA path
     (bf16 rounding) and, for two query heads, the float64 oracle; the default launch and 128 rows."""
+    _check_gpu_kernel(32, 8, 128, offset, t, s, block_q)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offset,t,s", [(0, 1024, 2048), (1000, 777, 2048)])
+def test_gpu_kernel_head_dim_64(offset, t, s):
+    """SmolLM2-135M's head shape (9 / 3 heads, head_dim 64), with the default launch (128 rows a program)."""
+    _check_gpu_kernel(9, 3, 64, offset, t, s, None)
+
+
+def _check_gpu_kernel(hq, hkv, d, offset, t, s, block_q):
     rng = np.random.default_rng(offset + t)
-    q, k, v = (jnp.asarray(a, jnp.bfloat16) for a in _inputs(rng, 1, 32, 8, t, s, 128))
+    q, k, v = (jnp.asarray(a, jnp.bfloat16) for a in _inputs(rng, 1, hq, hkv, t, s, d))
     q_pos = offset + jnp.arange(t, dtype=jnp.int32)
     got = np.asarray(prefix_attention(q, k, v, q_pos, block_q=block_q), np.float32)
     want = np.asarray(xla_prefix_attention(q, k, v, q_pos), np.float32)
