@@ -60,7 +60,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pallas_kernels.decode_mgpu import BYTES, HEAD_DIM, PAGE, default_splits, split_pages  # noqa: E402
+from pallas_kernels.decode_mgpu import (BYTES, HEAD_DIM, PAGE, default_splits, interleaved_pages,  # noqa: E402
+                                        split_pages)
 from pallas_kernels.prefill_mgpu import _swizzled  # noqa: E402
 
 DEFAULT_CONFIGS = ("w64_p1_s2,w64_p1_s4,w64_p2_s2,w64_p4_s2,w64_p4_s3,w128_p1_s2,w128_p4_s2,w256_p1_s2,"
@@ -105,7 +106,7 @@ def split_chunks(chunks, split, splits: int, interleave: bool):
     split + splits, split + 2 splits, ..., so that at any moment the splits of one head read neighbouring
     chunks. Ints or traced int32."""
     if interleave:
-        return jnp.maximum(chunks - split + splits - 1, 0) // splits, lambda i: split + i * splits
+        return interleaved_pages(chunks, split, splits)
     first, stop = split_pages(chunks, split, splits)[2:]
     return stop - first, lambda i: first + i
 

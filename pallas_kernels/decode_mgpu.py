@@ -332,6 +332,13 @@ def split_pages(num_pages, split, num_splits: int, pages_per_copy: int = 1):
     return first_chunk, stop_chunk, first_chunk * pages_per_copy, jnp.minimum(stop_chunk * pages_per_copy, num_pages)
 
 
+def interleaved_pages(num_pages, split, num_splits: int):
+    """(count, page_of) of split `split` with interleaved splits (`low_bit_splits(interleave=True)`): it takes
+    the pages split, split + num_splits, ... below num_pages, `count` of them, page_of(i) the i-th. Ints or
+    int32 arrays (traced in the kernel)."""
+    return jnp.maximum(num_pages - split + num_splits - 1, 0) // num_splits, lambda i: split + i * num_splits
+
+
 def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_ref, o_ref, ml_ref,
             q_s, kc_s, ks_s, kz_s, vc_s, vs_s, vz_s, staging_s, p_s, o_s, ml_s, flag_s, setup_bar, full,
             *query_staging, stages: int, num_splits: int, group: int, query_scale: float | None,
@@ -344,9 +351,8 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
         plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(h * group, group)], query_staging[0], setup_bar)
     num_pages = plgpu.load(np_ref.at[b])
     if interleave:  # the loop runs over i = 0 .. taken - 1, the split's pages split + i * num_splits (ppc is 1)
-        taken = jnp.maximum(num_pages - split + num_splits - 1, 0) // num_splits
+        taken, page_of = interleaved_pages(num_pages, split, num_splits)
         first_chunk, stop_chunk, first, stop = 0, taken, 0, taken
-        page_of = lambda i: split + i * num_splits  # noqa: E731
     else:  # the loop runs over the pages themselves
         first_chunk, stop_chunk, first, stop = split_pages(num_pages, split, num_splits, ppc)
         page_of = lambda i: i  # noqa: E731

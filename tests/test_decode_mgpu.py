@@ -82,7 +82,8 @@ def test_kernel_lowers_for_cuda(splits, stages, per_copy, wide, interleave):
 
 def test_splits_cover_every_page_once():
     """`split_pages`: over a sequence's splits, every page in use is attended exactly once, each split's pages
-    are whole chunks but for the sequence's last, and a chunk is copied by exactly one split."""
+    are whole chunks but for the sequence's last, and a chunk is copied by exactly one split; the same for
+    `interleaved_pages`."""
     for num_pages in range(0, 40):
         for num_splits in (1, 2, 3, 5, 8, 33):
             for ppc in (1, 2, 3, 4):
@@ -94,6 +95,13 @@ def test_splits_cover_every_page_once():
                     chunks += range(fc, sc)
                 assert seen == list(range(num_pages)), (num_pages, num_splits, ppc)
                 assert chunks == list(range(-(-num_pages // ppc))), (num_pages, num_splits, ppc)
+            taken = []  # interleaved: split s takes s, s + num_splits, ..., each page once
+            for split in range(num_splits):
+                count, page_of = dm.interleaved_pages(num_pages, split, num_splits)
+                pages = [int(page_of(i)) for i in range(int(count))]
+                assert pages == list(range(split, num_pages, num_splits)), (num_pages, num_splits, split)
+                taken += pages
+            assert sorted(taken) == list(range(num_pages))
 
 
 @pytest.mark.parametrize("group", [1, 4, 5, 16])
