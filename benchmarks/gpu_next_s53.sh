@@ -45,7 +45,21 @@ e)
     PREFIXES=32768,131072 STEPS=64 REPS=3 RUN_LIMIT=120 NAME=e2e_interleave_s53 \
     timeout 560 bash benchmarks/gpu_e2e_variants.sh
   ;;
+r)
+  # Does a read of the low-bit kernel's size (~37 MB at B1 32K, ~147 MB at 128K, a layer) reach the HBM rate
+  # at all? XLA's reads over array sizes from 32 MB to 2 GiB, and the stream probe's copy-only kernels at B1
+  # 32K-256K (the slope between 128K and 256K is beyond L2, 50 MB, at both ends).
+  for gib in 0.03125 0.0625 0.125 0.25 0.5 2; do
+    PYTHONPATH=. timeout 60 python3 benchmarks/read_bandwidth.py --out "$OUT" --name "read_bandwidth_${gib}gib_s53" \
+      > "$OUT/read_bandwidth_${gib}gib_s53.log" 2>&1
+    echo "$gib GiB rc=$?: $(grep -o "'tb_s': {[^}]*}" "$OUT/read_bandwidth_${gib}gib_s53.log")"
+  done
+  PYTHONPATH=. timeout 150 python3 benchmarks/stream_probe.py --out "$OUT" --name stream_probe_sizes_s53 \
+    --cases 1x32768,1x65536,1x131072,1x262144 --configs w64_p1_s2,w64_p1_s2_codes,t8 \
+    > "$OUT/stream_probe_sizes_s53.log" 2>&1
+  echo "stream rc=$?"; grep -v Warning "$OUT/stream_probe_sizes_s53.log" | tail -16
+  ;;
 *)
-  echo "PART must be i or e" >&2; exit 2
+  echo "PART must be i, e or r" >&2; exit 2
   ;;
 esac
