@@ -14,6 +14,8 @@
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
+# the device tool returns at most 8 files a call: PACK=1 packs everything into one tar at the end
+trap '[ -n "${PACK:-}" ] && tar -czf /tmp/s53_pack.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/s53_pack.tgz "$OUT/"' EXIT
 export PYTHONUNBUFFERED=1
 case "${PART:-i}" in
 i)
@@ -59,7 +61,24 @@ r)
     > "$OUT/stream_probe_sizes_s53.log" 2>&1
   echo "stream rc=$?"; grep -v Warning "$OUT/stream_probe_sizes_s53.log" | tail -16
   ;;
+b)
+  # More blocks a multiprocessor for the copy-only kernels (XLA's reads run many more warps a multiprocessor
+  # than the kernel's 2 blocks of 128 threads): B1 128K and 256K at 2, 4 and 8 blocks a multiprocessor.
+  for per_sm in 2 4 8; do
+    PYTHONPATH=. timeout 80 python3 benchmarks/stream_probe.py --out "$OUT" --name "stream_probe_per_sm${per_sm}_s53" \
+      --cases 1x131072,1x262144 --configs w64_p1_s2,w64_p1_s2_codes,t2,t8 --per-sm $per_sm \
+      > "$OUT/stream_probe_per_sm${per_sm}_s53.log" 2>&1
+    echo "per_sm $per_sm rc=$?"; grep -v Warning "$OUT/stream_probe_per_sm${per_sm}_s53.log" | tail -12
+  done
+  ;;
+p)
+  # The copy-only kernels' time is ~15 us above bytes / HBM rate at B1 128K-256K (PART=r, b): is it a tail
+  # (blocks of unequal speed) or a late start? The decode kernel's own profile: each block's start and duration.
+  PYTHONPATH=. timeout 200 python3 benchmarks/profile_decode_mgpu.py --out "$OUT" --name profile_decode_mgpu_timeline_s53 \
+    --contexts 1x32768,1x131072,1x262144,16x32768 > "$OUT/profile_decode_mgpu_timeline_s53.log" 2>&1
+  echo "profile rc=$?"; grep -v Warning "$OUT/profile_decode_mgpu_timeline_s53.log" | grep "^B\|block\|SMs"
+  ;;
 *)
-  echo "PART must be i, e or r" >&2; exit 2
+  echo "PART must be i, e, r, b or p" >&2; exit 2
   ;;
 esac

@@ -55,6 +55,29 @@ def summarize(trace: dict) -> dict:
                         for name in sorted(total, key=total.get, reverse=True)}}
 
 
+def timeline(trace: dict) -> dict:
+    """How the blocks spread over the call (is there a tail?): each block's start, from the GPU's global timer
+    (microseconds after the first block's), and its duration from its first to its last event (its SM clock,
+    in thousands of cycles: the trace's time unit inside a block), as min / p10 / p50 / p90 / max, and the
+    number of SMs with each count of blocks."""
+    import numpy as np
+
+    first, last = {}, {}
+    for e in trace["traceEvents"]:
+        key = (e["pid"], e["tid"])
+        first[key] = min(first.get(key, e["ts"]), e["ts"])
+        last[key] = max(last.get(key, e["ts"]), e["ts"])
+    # ts = (global timer at the block's start in ns + clock cycles since its first event) / 1e3, so the first
+    # event's ts is the block's start in microseconds
+    starts = np.array([first[k] for k in first])
+    durations = np.array([last[k] - first[k] for k in first])
+    q = lambda x: {name: float(np.percentile(x, p)) for name, p in  # noqa: E731
+                   (("min", 0), ("p10", 10), ("p50", 50), ("p90", 90), ("max", 100))}
+    per_sm = collections.Counter(collections.Counter(pid for pid, _ in first).values())
+    return {"start_us": q(starts - starts.min()), "duration_kcycles": q(durations),
+            "sms_by_blocks": {str(k): v for k, v in sorted(per_sm.items())}}
+
+
 def profile_case(batch: int, context: int, out_dir: str) -> dict:
     import jax
     import numpy as np
@@ -74,7 +97,9 @@ def profile_case(batch: int, context: int, out_dir: str) -> dict:
         jax.effects_barrier()  # the trace is written by a host callback
         [path] = glob.glob(os.path.join(tmp, "*-trace.json"))
         with open(path) as f:
-            summary = summarize(json.load(f))
+            trace = json.load(f)
+        summary = summarize(trace)
+        summary["timeline"] = timeline(trace)
     pages = int(np.asarray(c.num_pages).sum()) * h
     summary.update(batch=batch, context=context, splits=splits, pages=pages)
     for r in summary["regions"].values():
@@ -86,6 +111,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=".")
     p.add_argument("--contexts", default="16x32768,1x32768", help="BxS list")
+    p.add_argument("--name", default="profile_decode_mgpu")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     from benchmarks.common import environment, write_json
@@ -99,7 +125,11 @@ def main():
         for name, r in case["regions"].items():
             print(f"  {name:<10} share {100 * r['share_of_loop']:5.1f}%  mean {r['mean']:.3f}  per page "
                   f"{r['per_page']:.3f}  (trace time units, summed over blocks)")
-    write_json(os.path.join(args.out, "profile_decode_mgpu.json"), result)
+        t = case["timeline"]
+        print("  block starts (us after the first): " + ", ".join(f"{k} {v:.2f}" for k, v in t["start_us"].items()))
+        print("  block durations (kcycles): " + ", ".join(f"{k} {v:.2f}" for k, v in t["duration_kcycles"].items()))
+        print(f"  SMs by blocks: {t['sms_by_blocks']}")
+    write_json(os.path.join(args.out, args.name + ".json"), result)
 
 
 if __name__ == "__main__":

@@ -361,8 +361,8 @@ def test_kernel_lowers_for_cuda_under_shard_map():
 
 def test_profile_summary_sums_nested_regions_per_block():
     """benchmarks/profile_decode_mgpu.py: region totals over blocks from begin/end pairs, nested regions
-    included, and shares of the loop regions; an unbalanced trace is an error."""
-    from benchmarks.profile_decode_mgpu import summarize
+    included, and shares of the loop regions; an unbalanced trace is an error; the blocks' timeline."""
+    from benchmarks.profile_decode_mgpu import summarize, timeline
 
     def block(pid, tid, spans):
         return [dict(name=n, ph=ph, ts=t, pid=pid, tid=tid) for n, t0, t1 in spans for ph, t in (("B", t0), ("E", t1))]
@@ -379,6 +379,11 @@ def test_profile_summary_sums_nested_regions_per_block():
     assert r["pv"]["share_of_loop"] == 4.0 / 15.0 and "inner" not in summarize.__globals__["REGIONS"]
     with pytest.raises(ValueError, match="never closed"):
         summarize({"traceEvents": events[:-1]})
+    # the timeline: block 1 starts at 0 and lasts 8, block 2 starts at 10 and lasts 15; SM 1 and SM 2 one each
+    t = timeline({"traceEvents": events})
+    assert t["start_us"]["min"] == 0.0 and t["start_us"]["max"] == 10.0 and t["start_us"]["p50"] == 5.0
+    assert t["duration_kcycles"]["min"] == 8.0 and t["duration_kcycles"]["max"] == 15.0
+    assert t["sms_by_blocks"] == {"1": 2}
 
 
 # ----------------------------------------------------------------- GPU: the compiled kernel
