@@ -51,11 +51,13 @@ r)
   # Does a read of the low-bit kernel's size (~37 MB at B1 32K, ~147 MB at 128K, a layer) reach the HBM rate
   # at all? XLA's reads over array sizes from 32 MB to 2 GiB, and the stream probe's copy-only kernels at B1
   # 32K-256K (the slope between 128K and 256K is beyond L2, 50 MB, at both ends).
-  for gib in 0.03125 0.0625 0.125 0.25 0.5 2; do
-    PYTHONPATH=. timeout 60 python3 benchmarks/read_bandwidth.py --out "$OUT" --name "read_bandwidth_${gib}gib_s53" \
-      > "$OUT/read_bandwidth_${gib}gib_s53.log" 2>&1
+  # (The call of session 53 left out --gib, so it read 2 GiB each time; those files were dropped.)
+  for gib in ${GIBS:-0.03125 0.0625 0.125 0.25 0.5 2}; do
+    PYTHONPATH=. timeout 60 python3 benchmarks/read_bandwidth.py --gib "$gib" --out "$OUT" \
+      --name "read_bandwidth_${gib}gib_s53" > "$OUT/read_bandwidth_${gib}gib_s53.log" 2>&1
     echo "$gib GiB rc=$?: $(grep -o "'tb_s': {[^}]*}" "$OUT/read_bandwidth_${gib}gib_s53.log")"
   done
+  [ -n "${SIZES_ONLY:-}" ] && exit 0
   PYTHONPATH=. timeout 150 python3 benchmarks/stream_probe.py --out "$OUT" --name stream_probe_sizes_s53 \
     --cases 1x32768,1x65536,1x131072,1x262144 --configs w64_p1_s2,w64_p1_s2_codes,t8 \
     > "$OUT/stream_probe_sizes_s53.log" 2>&1
