@@ -33,8 +33,9 @@ key codes, which it uses as register operands, could come that way. Each t row i
 It prints ms per call (in a jitted loop, as `decode_mgpu_ab.py` times the kernel) and TB/s over the streamed
 bytes; with two or more contexts at B=1 it also gives the slope between the shortest and longest (bytes over the
 time difference, without the fixed cost of a call). Caveat (session 53): at B1 32K the pages (37 MB) fit in
-L2 (50 MB) and the loop reads the same arrays every call, so that row is faster than HBM allows and a slope
-from it too low; take slopes between contexts of 128K and more (e.g. --cases 1x131072,1x262144). w64_p1_s2 is the kernel's streaming as it is. If a config
+L2 (50 MB) and the loop reads the same arrays every call; on an H100 the step from 32K to 64K cost more per
+byte than the steps above 64K, as if the 32K row were partly served from L2 (results/stream_probe_sizes_s53.json),
+so take slopes between contexts of 128K and more (e.g. --cases 1x131072,1x262144). w64_p1_s2 is the kernel's streaming as it is. If a config
 streams much faster, the decode kernel could take its pages in that shape (the floor bounds the B1 128K kernel:
 benchmarks/NOTES.md, session 38).
 
