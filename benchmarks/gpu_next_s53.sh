@@ -77,7 +77,7 @@ p)
   # The copy-only kernels' time is ~15 us above bytes / HBM rate at B1 128K-256K (PART=r, b): is it a tail
   # (blocks of unequal speed) or a late start? The decode kernel's own profile: each block's start and duration.
   PYTHONPATH=. timeout 200 python3 benchmarks/profile_decode_mgpu.py --out "$OUT" --name profile_decode_mgpu_timeline_s53 \
-    --contexts 1x32768,1x131072,1x262144,16x32768 > "$OUT/profile_decode_mgpu_timeline_s53.log" 2>&1
+    --contexts ${CONTEXTS:-1x32768,1x131072,1x262144,16x32768} > "$OUT/profile_decode_mgpu_timeline_s53.log" 2>&1
   echo "profile rc=$?"; grep -v Warning "$OUT/profile_decode_mgpu_timeline_s53.log" | grep "^B\|block\|SMs"
   ;;
 *)
