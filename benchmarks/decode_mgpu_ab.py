@@ -93,8 +93,8 @@ def main():
 
                 got = np.asarray(jax.jit(fn)(inp.q, *ops), np.float64)
                 ref = got if ref is None else ref
-                row = dict(batch=batch, context=context, per_sm=per_sm, splits=splits, kernel=name, pages_per_copy=n, wide=wide,
-                           interleave=il,
+                row = dict(batch=batch, context=context, per_sm=per_sm, splits=splits, kernel=name, pages_per_copy=n,
+                           wide=wide, interleave=il,
                            ms=1e3 * time_in_loop(fn, inp.q, ops, iters, 5),
                            max_rel_diff_vs_first=float(np.abs(got - ref).max() / np.abs(ref).max()))
                 print(json.dumps(row), flush=True)

@@ -35,9 +35,10 @@ bytes; with two or more contexts at B=1 it also gives the slope between the shor
 time difference, without the fixed cost of a call). Caveat (session 53): at B1 32K the pages (37 MB) fit in
 L2 (50 MB) and the loop reads the same arrays every call; on an H100 the step from 32K to 64K cost more per
 byte than the steps above 64K, as if the 32K row were partly served from L2 (results/stream_probe_sizes_s53.json),
-so take slopes between contexts of 128K and more (e.g. --cases 1x131072,1x262144). w64_p1_s2 is the kernel's streaming as it is. If a config
-streams much faster, the decode kernel could take its pages in that shape (the floor bounds the B1 128K kernel:
-benchmarks/NOTES.md, session 38).
+so take slopes between contexts of 128K and more (e.g. --cases 1x131072,1x262144). w64_p1_s2 is the kernel's
+streaming as it is. If a config streams much faster, the decode kernel could take its pages in that shape (the
+floor bounds the B1 128K kernel: benchmarks/NOTES.md, session 38). None does: on an H100 every config streams the
+134 MB of B1 128K about as fast as an XLA read of that many bytes (results/read_bandwidth_0.125gib_s53.json).
 
   PYTHONPATH=. python benchmarks/stream_probe.py --out DIR [--cases 1x32768,1x131072,16x32768] [--configs ...]
   (offline, no GPU: python benchmarks/mosaic_sass.py stream --config NAME --out DIR compiles one config to SASS)

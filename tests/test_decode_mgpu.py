@@ -281,8 +281,8 @@ def test_mosaic_splits_override(monkeypatch):
     assert launches == [(5, 3, 1, False, False), (splits, 2, 1, False, False), (splits, 2, per_copy, True, False),
                         (splits, 2, 1, False, True)]
     with pytest.raises(ValueError, match="mosaic_interleave takes mosaic_pages_per_copy 1, got 2"):
-        decode_kernel.decode_attention(qd, cache, config, interpret=True,
-                                       tuning=decode_kernel.DecodeTuning(mosaic_interleave=True, mosaic_pages_per_copy=2))
+        both = decode_kernel.DecodeTuning(mosaic_interleave=True, mosaic_pages_per_copy=2)
+        decode_kernel.decode_attention(qd, cache, config, interpret=True, tuning=both)
     with pytest.raises(ValueError, match="mosaic_pages_per_copy must be in 1..4"):
         decode_kernel.decode_attention(qd, cache, config, interpret=True,
                                        tuning=decode_kernel.DecodeTuning(mosaic_pages_per_copy=5))
