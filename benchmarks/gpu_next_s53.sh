@@ -1,16 +1,17 @@
 #!/bin/bash
-# Session 53's device plan: interleaved splits for the Mosaic low-bit decode kernel. The kernel's stream (and
-# every copy-only probe of it, TMA or thread loads) stays at ~80% of what XLA's reads reach (sessions 38, 52),
-# whatever the copy shape or the bytes in flight. Untested so far: the memory access pattern. Each block reads
-# its own contiguous run of pages, so at B=1 the 264 blocks read ~1600 separate places at once; with
-# interleaved splits (split s takes pages s, s + splits, ...) a KV head's 33 blocks read neighbouring pages.
-# PART=i (~6 min): the stream probe at B1 32K / 128K and B16 32K, contiguous against interleaved (TMA copies of
-#   the kernel's shape, codes only, wide 4-page codes, thread loads t8; t rows checked exact), read_bandwidth
-#   (the yardstick), the kernel's GPU oracle tests with interleave (and the plain ones), then decode_mgpu_ab.py
-#   --interleave --wide (the kernel itself, each variant against the first output). Also the chunked-prefill
-#   kernel's GPU test at SmolLM2's head_dim 64, where 128 rows a program became the default untested (s52).
-# PART=e (~7 min): e2e B=1 at 32K and 128K, one process a variant: bf16 + hyquant, hyquant interleaved,
-#   hyquant, hyquant interleaved.
+# Session 53's device plan (what ran and what it found: benchmarks/NOTES.md, session 53; every call ran on an
+# H100, asked for an H200). The premise: the low-bit kernel's stream, and every copy-only probe of it, stayed at
+# ~80% of what XLA's 2 GiB reads reach (sessions 38, 52) whatever the copy shape or the bytes in flight.
+# PART=i (ran, ~3 min): interleaved splits (split s takes pages s, s + splits, ...: do a KV head's 33 blocks
+#   reading neighbouring pages stream faster than 264 blocks each on its own run?): the stream probe at B1 32K /
+#   128K and B16 32K, contiguous against interleaved, read_bandwidth (2 GiB), the kernel's GPU oracle tests with
+#   interleave, the chunked-prefill kernel's GPU test at head_dim 64, then decode_mgpu_ab.py --interleave --wide.
+#   Found: exact, and no faster (the kernel 4-8% slower).
+# PART=e (not run: PART=i showed no gain): e2e B=1 at 32K and 128K with and without interleave.
+# PART=r (ran): XLA reads of 67 MB-2 GiB (run as SIZES_ONLY=1 GIBS="0.0625 0.125 0.25"), and the copy-only probe
+#   at B1 32K-256K. Found: at the kernel's sizes XLA reads no faster than the probe.
+# PART=b (ran, with PACK=1): the probe at 2, 4 and 8 blocks a multiprocessor: the same times.
+# PART=p (ran as CONTEXTS=1x131072,1x262144): the decode kernel's block timeline: no tail.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
