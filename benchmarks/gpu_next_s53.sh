@@ -6,7 +6,7 @@
 #   reading neighbouring pages stream faster than 264 blocks each on its own run?): the stream probe at B1 32K /
 #   128K and B16 32K, contiguous against interleaved, read_bandwidth (2 GiB), the kernel's GPU oracle tests with
 #   interleave, the chunked-prefill kernel's GPU test at head_dim 64, then decode_mgpu_ab.py --interleave --wide.
-#   Found: exact, and no faster (the kernel 4-8% slower).
+#   Found: exact, and no faster (the kernel 1-8% slower).
 # PART=e (not run: PART=i showed no gain): e2e B=1 at 32K and 128K with and without interleave.
 # PART=r (ran): XLA reads of 67 MB-2 GiB (run as SIZES_ONLY=1 GIBS="0.0625 0.125 0.25"), and the copy-only probe
 #   at B1 32K-256K. Found: at the kernel's sizes XLA reads no faster than the probe.

@@ -58,7 +58,7 @@ class DecodeTuning:
       faster stream: exact, and no faster beyond the spread on an H100 (benchmarks/NOTES.md, session 52);
       mosaic_interleave: interleaved splits (`low_bit_splits(interleave=True)`: split s takes pages s,
       s + splits, ..., so that a KV head's blocks read neighbouring pages at any moment); one page a copy only.
-      A test of whether DRAM locality bounds the stream: exact, and 4-8% slower on an H100 (NOTES, session 53).
+      A test of whether DRAM locality bounds the stream: exact, and slower on an H100 (NOTES, session 53).
     """
 
     n_low: int | None = None

@@ -542,7 +542,7 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
     interleave: split s takes the pages s, s + num_splits, s + 2 num_splits, ... instead of a contiguous run
     (pages_per_copy 1 only), so that at any moment the blocks of a KV head read neighbouring pages: fewer,
     wider streams through memory. The splits' results differ only in which pages they hold; `merge`'s output
-    is the same up to float rounding. Exact (GPU oracle tests) and 4-8% slower on an H100 (session 53,
+    is the same up to float rounding. Exact (GPU oracle tests) and 1-8% slower on an H100 (session 53,
     results/decode_mgpu_interleave_s53.json).
     """
     bsz, heads, slots, _ = k_codes.shape
