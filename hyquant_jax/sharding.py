@@ -356,7 +356,9 @@ class ShardedAttention:
 
     check_vma: shard_map's replication check; it verifies that per-sequence
     state arrays really are identical over "model". Pallas calls may not
-    carry that typing, so it is off for kernel backends by default (None).
+    carry that typing, so by default (None) it is off for kernel backends
+    and for chunked prefill through the fused chunk kernel (`chunk_impl`
+    "pallas", or "auto" on a GPU).
     """
 
     inner: Any
@@ -383,7 +385,9 @@ class ShardedAttention:
         backends = [getattr(self.inner, "backend", "reference"), getattr(self.inner, "prefill_backend", None)]
         from hyquant_jax.attention import resolve_backend
 
-        return all(b is None or resolve_backend(b) == "reference" for b in backends)
+        chunks = getattr(self.inner, "chunk_impl", "xla")
+        fused_chunks = chunks == "pallas" or (chunks == "auto" and jax.default_backend() == "gpu")
+        return not fused_chunks and all(b is None or resolve_backend(b) == "reference" for b in backends)
 
     def _check(self, q, k):
         check_batch_fits(q.shape[0], self.data_size)

@@ -11,6 +11,7 @@ Prints one JSON line per case: {"case", "ok", "detail", "seconds"}.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -48,6 +49,9 @@ CASES = {
     "hyquant-data2-model2": ("hyquant", "data=2,model=2", {}),
     "hyquant-data1-model4": ("hyquant", "data=1,model=4", {}),
     "hyquant-chunked-data2-model2": ("hyquant", "data=2,model=2", {"prefill_chunk": 32}),
+    # the fused chunked-prefill kernel (pallas_kernels.prefix, interpret mode here) inside the sharded prefill
+    "bf16-chunked-pallas-data2-model2": ("bf16-pallas", "data=2,model=2", {"prefill_chunk": 32}),
+    "hyquant-chunked-pallas-data2-model2": ("hyquant-pallas", "data=2,model=2", {"prefill_chunk": 32}),
     "kivi4-data2-model2": ("kivi4", "data=2,model=2", {}),
     "interpret-data2-model2": ("hyquant-interpret", "data=2,model=2", {}),
     "cli-data2-model2": ("cli", "data=2,model=2", {}),
@@ -58,6 +62,9 @@ CASES = {
 def _attention(kind: str):
     if kind == "hyquant-interpret":
         return make_attention("hyquant", HQ, backend="interpret")
+    if kind.endswith("-pallas"):  # chunks attended by the fused kernel
+        return dataclasses.replace(make_attention(kind.removesuffix("-pallas"), HQ, backend="reference"),
+                                   chunk_impl="pallas")
     return make_attention(kind, HQ, backend="reference")
 
 

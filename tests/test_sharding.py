@@ -176,6 +176,12 @@ def test_one_device_mesh_generate_equals_plain_generate():
     assert sharding.shard_attention(wrapped, mesh) is wrapped
     assert sharding.ShardedAttention(make_attention("hyquant", backend="interpret"), mesh)._vma() is False
     assert sharding.ShardedAttention(make_attention("hyquant", backend="reference"), mesh)._vma() is True
+    # the fused chunk kernel is a Pallas call too: no replication check with it (auto takes it on a GPU only)
+    on_gpu = jax.default_backend() == "gpu"
+    for impl, vma in (("pallas", False), ("xla", True), ("auto", not on_gpu)):
+        assert sharding.ShardedAttention(BF16Attention(chunk_impl=impl), mesh)._vma() is vma, impl
+        hybrid = dataclasses.replace(make_attention("hyquant", backend="reference"), chunk_impl=impl)
+        assert sharding.ShardedAttention(hybrid, mesh)._vma() is vma, impl
 
 
 def test_cli_mesh_errors(capsys):
