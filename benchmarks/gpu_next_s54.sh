@@ -11,12 +11,29 @@
 #      decode_mgpu_ab.py, which refused its arguments: it needs a variant to compare; taken out.)
 # PART=e2e instead: issue 5's e2e table on the machine at hand (every call of sessions 52-54 asking for an H200
 # got an H100): B=1 at 1K / 32K / 128K, then the 32K batch sweeps up to out of memory, one process a method.
+# PART=tests: the whole `gpu` test marker on the machine at hand, one pytest process per file (each with its own
+# time limit, the most important first; FILES= picks files, BUDGET= the call's seconds), logs
+# gpu_tests_<file>_s54.log. Ran twice on an H100: the default list (BUDGET 520: decode_mgpu 43/43 and
+# prefix_kernel 9/9 passed; decode_kernel 10, prefill_mgpu 8 and generate 1 passed before their 150 s limits;
+# the rest not reached), then FILES="norm_rope decode_merge models" (8/8, 8/8, 2/2).
 # PACK=1 packs everything into one tar (the device tool returns at most 8 files).
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 trap '[ -n "${PACK:-}" ] && tar -czf /tmp/s54_pack.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/s54_pack.tgz "$OUT/"' EXIT
 export PYTHONUNBUFFERED=1
+if [ "${PART:-}" = tests ]; then
+  nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu_tests_s54.txt" 2>&1; cat "$OUT/gpu_tests_s54.txt"
+  for f in ${FILES:-decode_mgpu decode_kernel prefill_mgpu prefix_kernel generate models norm_rope prefill_kernel \
+      decode_merge cache_write sharding}; do
+    left=$(( ${BUDGET:-520} - SECONDS )); [ $left -gt 150 ] && left=150
+    [ $left -lt 20 ] && { echo "$f: skipped (the call's time is spent)"; continue; }
+    PYTHONPATH=. timeout $left python3 -m pytest -q -m gpu -p no:cacheprovider "tests/test_$f.py" \
+      > "$OUT/gpu_tests_${f}_s54.log" 2>&1
+    echo "$f rc=$?: $(tail -1 "$OUT/gpu_tests_${f}_s54.log")"
+  done
+  exit 0
+fi
 if [ "${PART:-}" = e2e ]; then
   nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu_e2e_s54.txt" 2>&1; cat "$OUT/gpu_e2e_s54.txt"
   PYTHONPATH=. timeout 280 python3 benchmarks/e2e.py --out "$OUT" --name e2e_b1_h100_s54 --sections b1 \
