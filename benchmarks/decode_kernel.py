@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import hyquant_jax as hq  # noqa: E402
 from benchmarks.common import environment, sm_count, time_in_loop, time_per_call, write_json  # noqa: E402
 from benchmarks.read_bandwidth import read_bandwidth  # noqa: E402
-from hyquant_jax.decode_kernel import (  # noqa: E402
+from hyquant_jax.decode_launch import (  # noqa: E402
     DecodeTuning, decode_attention as kernel_decode, decode_layout, use_mosaic_low_bit)
 
 with warnings.catch_warnings():

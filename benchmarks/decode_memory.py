@@ -3,10 +3,9 @@
 Compiles `hyquant_jax.generate.decode` for e2e.py's model and a method at one prefix and batch from shapes
 only (no weights or caches are allocated), then prints XLA's memory analysis and every instruction of the
 entry computation (outside the loops) whose result is at least --min-mb megabytes and is not a parameter:
-a weight copy or slice hoisted out of the decode loop shows there. Session 43 saw the B=1 process's peak rise
-by ~1.1 GiB with the fused q/k/v weights (benchmarks/NOTES.md); this separates the decode's own memory from
-the rest of the process. It also lists the `copy` instructions of the loops' bodies by shape (session 43's
-profile showed two s32 copies of `ring_len` a layer and step; benchmarks/decode_hlo_copies.py has the helpers).
+a weight copy or slice hoisted out of the decode loop shows there, which separates the decode's own memory
+from the rest of the process. It also lists the `copy` instructions of the loops' bodies by shape and the
+launches of each body (a per-step copy of a small counter shows there as a `copy` of shape s32[...]).
 
   PYTHONPATH=. python benchmarks/decode_memory.py --method hyquant --prefix 32768 --out $OUT
   CPU check: PYTHONPATH=. python benchmarks/decode_memory.py --layers 2 --prefix 1024 --out /tmp/mem
@@ -18,35 +17,7 @@ import argparse
 import gc
 import json
 import os
-import re
 from collections import Counter
-
-_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
-                "s64": 8, "u64": 8, "f64": 8}
-
-
-def large_entry_buffers(hlo_text: str, min_bytes: int) -> list[dict]:
-    """Instructions of the ENTRY computation of an HLO module's text whose array result has at least min_bytes
-    and that are not parameters (nor tuples, get-tuple-elements or bitcasts, which allocate nothing)."""
-    rows, in_entry = [], False
-    for line in hlo_text.splitlines():
-        if line.startswith("ENTRY "):
-            in_entry = True
-            continue
-        if in_entry and line.startswith("}"):
-            break
-        if not in_entry:
-            continue
-        m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = (\w+)\[([\d,]*)\]\S* (\w[\w\-]*)\(", line)
-        if not m or m.group(4) in ("parameter", "get-tuple-element", "bitcast", "tuple"):
-            continue
-        name, dtype, dims, op = m.groups()
-        size = _DTYPE_BYTES.get(dtype, 0)
-        for d in filter(None, dims.split(",")):
-            size *= int(d)
-        if size >= min_bytes:
-            rows.append({"name": name, "op": op, "shape": f"{dtype}[{dims}]", "bytes": size})
-    return rows
 
 
 def main(argv=None) -> None:
@@ -54,7 +25,7 @@ def main(argv=None) -> None:
     import jax.numpy as jnp
 
     from benchmarks import e2e
-    from benchmarks.decode_hlo_copies import branch_launches, computation, copies, launches, while_bodies
+    from benchmarks.hlo import branch_launches, computation, copies, large_entry_buffers, launches, while_bodies
     from hyquant_jax import SamplingConfig
     from hyquant_jax.generate import decode
     from models import init_params

@@ -230,7 +230,7 @@ def _attention(args, method):
                  mosaic_pages_per_copy=args.mosaic_pages_per_copy, mosaic_wide=args.mosaic_wide or None,
                  mosaic_interleave=args.mosaic_interleave or None)
     if any(v is not None for v in knobs.values()):
-        from hyquant_jax.decode_kernel import DecodeTuning
+        from hyquant_jax.decode_launch import DecodeTuning
 
         tuning = DecodeTuning(**{k: v for k, v in knobs.items() if v is not None})
     attention = make_attention(method, hq, backend=args.backend, prefill_backend=args.prefill_backend,

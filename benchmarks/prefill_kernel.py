@@ -73,7 +73,7 @@ from jax import lax  # noqa: E402
 from benchmarks.common import environment  # noqa: E402
 from benchmarks.trace import breakdown, profiled  # noqa: E402
 
-from hyquant_jax import prefill_kernel as pk  # noqa: E402
+from hyquant_jax import prefill_launch as pk  # noqa: E402
 from hyquant_jax import reference, vti  # noqa: E402
 from hyquant_jax.attention import MOSAIC_PREFILL, prefill_attention  # noqa: E402
 from hyquant_jax.config import HyQuantConfig  # noqa: E402

@@ -30,7 +30,7 @@ from benchmarks.decode_kernel import (  # noqa: E402
     CASES, CONFIG, INTERPRET, SMOKE_CASES, cudnn_attention, hybrid_fn, make_inputs, xla_attention,
 )
 from benchmarks.trace import breakdown, profiled  # noqa: E402
-from hyquant_jax.decode_kernel import DecodeTuning, decode_attention, decode_layout  # noqa: E402
+from hyquant_jax.decode_launch import DecodeTuning, decode_attention, decode_layout  # noqa: E402
 
 
 def trace_loop(fn, q, operands, iters: int, top: int) -> dict:

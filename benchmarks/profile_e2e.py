@@ -87,12 +87,10 @@ def _dump_events(events: list[dict], path: str) -> None:
 
 
 def _attention(e2e_args, method):
-    """e2e.py's attention of `method`, or the step ablation probe's variant of that name."""
-    if method in e2e.METHODS:
-        return e2e._attention(e2e_args, method)[0]
-    from benchmarks import step_ablation_probe
-
-    return step_ablation_probe.attention_for(method, e2e._attention(e2e_args, "hyquant")[0])
+    """e2e.py's attention of `method`; an unknown name is a ValueError naming the methods."""
+    if method not in e2e.METHODS:
+        raise ValueError(f"unknown method {method!r}: expected one of {sorted(e2e.METHODS)}")
+    return e2e._attention(e2e_args, method)[0]
 
 
 def main():
@@ -100,7 +98,7 @@ def main():
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--name", default="profile_e2e_h200")
     p.add_argument("--methods", default="bf16,hyquant",
-                   help="e2e.py methods, or step_ablation_probe.py variants (static, static_flat, ...)")
+                   help="e2e.py methods, comma-separated")
     p.add_argument("--prefixes", default="1024,32768")
     p.add_argument("--batches", default="1", help="batch sizes, each profiled at every prefix")
     p.add_argument("--model", default="qwen3-8b", choices=sorted(e2e.MODELS))

@@ -50,12 +50,12 @@ def prefill_backend(backend: str, head_dim: int, config: HyQuantConfig, device=N
 
 
 def check_tuning(tuning, name: str = "tuning"):
-    """`tuning` if it is None (the decode kernels' defaults) or a `decode_kernel.DecodeTuning`; anything else
+    """`tuning` if it is None (the decode kernels' defaults) or a `decode_launch.DecodeTuning`; anything else
     is a ValueError naming the argument `name`."""
-    from hyquant_jax.decode_kernel import DecodeTuning  # imported lazily: only kernel backends need Pallas
+    from hyquant_jax.decode_launch import DecodeTuning  # imported lazily: only kernel backends need Pallas
 
     if tuning is not None and not isinstance(tuning, DecodeTuning):
-        raise ValueError(f"{name} must be None or a hyquant_jax.decode_kernel.DecodeTuning, got {tuning!r}")
+        raise ValueError(f"{name} must be None or a hyquant_jax.decode_launch.DecodeTuning, got {tuning!r}")
     return tuning
 
 
@@ -66,16 +66,16 @@ def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, backend: st
     q: [B, Hq, D]. Returns (out [B, Hq, D] in q.dtype, lse float32 [B, Hq]); with ring_logits a third value:
     the scaled logits of every window-ring slot, float32 [B, Hq, ring_size], from the kernel backends (their
     ring split computes them anyway), None from the reference backend. tuning: the kernel backends' launch
-    knobs (`decode_kernel.DecodeTuning`; None: their defaults); the reference backend ignores it.
+    knobs (`decode_launch.DecodeTuning`; None: their defaults); the reference backend ignores it.
     """
     backend = resolve_backend(backend)
     tuning = check_tuning(tuning)
     if backend == "reference":
         out, lse = reference.hybrid_decode_attention_reference(q, cache, config, scale=scale)
         return (out, lse, None) if ring_logits else (out, lse)
-    from hyquant_jax import decode_kernel  # imported lazily: only kernel backends need Pallas
+    from hyquant_jax import decode_launch  # imported lazily: only kernel backends need Pallas
 
-    return decode_kernel.decode_attention(q, cache, config, interpret=backend == "interpret", scale=scale,
+    return decode_launch.decode_attention(q, cache, config, interpret=backend == "interpret", scale=scale,
                                           ring_logits=ring_logits, tuning=tuning)
 
 
@@ -84,11 +84,11 @@ def decode_step(q, k, v, cache: HybridKVCache, config: HyQuantConfig, backend: s
     """Append this step's k, v [B, Hkv, D], attend with q [B, Hq, D], update ring scores.
 
     flush=False: the window rings were already given room (`flush_full_rings`, see `append`).
-    tuning: the kernel backends' launch knobs (`decode_kernel.DecodeTuning`; None: their defaults).
+    tuning: the kernel backends' launch knobs (`decode_launch.DecodeTuning`; None: their defaults).
     Returns (out [B, Hq, D], new cache).
 
     The kernel backends attend over the cache as it was and this step's token as one more key
-    (`decode_kernel.decode_attention(..., new_token=...)`), then append it: the append writes the ring the
+    (`decode_launch.decode_attention(..., new_token=...)`), then append it: the append writes the ring the
     Triton launch reads, so XLA runs it after that launch, off the path from q to the output, where before
     both attention launches waited for it.
     """
@@ -99,7 +99,7 @@ def decode_step(q, k, v, cache: HybridKVCache, config: HyQuantConfig, backend: s
         cache = append(cache, k, v, config, active=active, flush=flush, backend=backend)
         out, lse, *logits = decode_attention(q, cache, config, backend=backend, scale=scale, ring_logits=ring_logits)
     else:
-        from hyquant_jax import decode_kernel
+        from hyquant_jax import decode_launch
 
         want = (cache.batch, cache.num_kv_heads, cache.head_dim)
         if k.shape != want or v.shape != want:
@@ -115,7 +115,7 @@ def decode_step(q, k, v, cache: HybridKVCache, config: HyQuantConfig, backend: s
         # of the old value after it costs two s32 copies a layer and step (inactive rows: masked there).
         slot = (appended.ring_start + appended.ring_len - 1) % config.ring_size
         # the kernels hand over their ring logits, so XLA makes no second pass over the ring
-        out, lse, *logits = decode_kernel.decode_attention(
+        out, lse, *logits = decode_launch.decode_attention(
             q, cache, config, interpret=resolved == "interpret", scale=scale,
             ring_logits=ring_logits, new_token=(k, v, active), token_slot=slot, tuning=tuning)
         cache = appended
@@ -138,12 +138,12 @@ def prefill_attention(q, k, v, lengths, config: HyQuantConfig, backend: str = "a
     if backend == "reference":
         out = reference.hybrid_prefill_attention_reference(q, k, v, lengths, *vl, config, scale=scale)
     elif backend == "mosaic":
-        from hyquant_jax import prefill_kernel
+        from hyquant_jax import prefill_launch
 
-        out = prefill_kernel.prefill_attention_mgpu(q, k, v, lengths, *vl, config, scale=scale, **MOSAIC_PREFILL)
+        out = prefill_launch.prefill_attention_mgpu(q, k, v, lengths, *vl, config, scale=scale, **MOSAIC_PREFILL)
     else:
-        from hyquant_jax import prefill_kernel
+        from hyquant_jax import prefill_launch
 
-        out = prefill_kernel.prefill_attention(q, k, v, lengths, *vl, config, interpret=backend == "interpret",
+        out = prefill_launch.prefill_attention(q, k, v, lengths, *vl, config, interpret=backend == "interpret",
                                                scale=scale)
     return out, vl

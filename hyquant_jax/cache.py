@@ -690,7 +690,7 @@ def accumulate_ring_scores(
     the step's full attention logits (from decode attention). The mass of a
     slot is exp(q.k * scale - lse), summed over the query heads of its KV head.
     ring_logits: float32 [B, H_q, R], q.k * scale of every ring slot when the
-    decode kernel already computed them (`decode_kernel.decode_attention(...,
+    decode kernel already computed them (`decode_launch.decode_attention(...,
     ring_logits=True)`); else they are computed here. A no-op when flushed
     tokens are never promoted.
     """

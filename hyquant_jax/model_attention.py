@@ -131,7 +131,7 @@ class HybridAttention(RingFlushing):
     config: the HyQuant settings. backend: decode-attention backend;
     prefill_backend: hybrid-prefill backend (None: same as backend).
     cache_dtype: dtype of the full-precision regions (None: k's dtype).
-    decode_tuning: the decode kernels' launch knobs (`hyquant_jax.decode_kernel.DecodeTuning`, e.g. the Mosaic
+    decode_tuning: the decode kernels' launch knobs (`hyquant_jax.decode_launch.DecodeTuning`, e.g. the Mosaic
     kernel's blocks per multiprocessor); None: their defaults. Ignored by the reference backend.
     chunk_impl: chunked prefill's attention over the staged prompt, as `models.BF16Attention.chunk_impl`.
     """

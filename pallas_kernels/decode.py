@@ -216,7 +216,7 @@ def _kernel(
     m0 = jnp.full((rows,), NEG_INIT, jnp.float32)
     l0 = jnp.zeros((rows,), jnp.float32)
 
-    @pl.when(split < lay.n_low)  # n_low = 0: the low-bit region runs elsewhere (hyquant_jax.decode_kernel)
+    @pl.when(split < lay.n_low)  # n_low = 0: the low-bit region runs elsewhere (hyquant_jax.decode_launch)
     def _low_bit():
         if not lay.n_low:
             return

@@ -213,7 +213,7 @@ def hybrid_prefill(
     interpret: bool = False,
     out_dtype=jnp.bfloat16,
 ):
-    """Run the kernel on prepared arrays (see `hyquant_jax.prefill_kernel` for the glue).
+    """Run the kernel on prepared arrays (see `hyquant_jax.prefill_launch` for the glue).
 
     Shapes (B batch, Hq query heads, Hkv KV heads, Tp padded length, a multiple
     of block_q and block_k; Kp VL capacity, a multiple of block_k; D head_dim):

@@ -1,7 +1,7 @@
 """Hybrid-precision causal prefill attention as a Pallas Mosaic GPU kernel (Hopper: wgmma, TMA, warp specialization).
 
 The same computation and the same prepared arguments as `pallas_kernels.prefill.hybrid_prefill`
-(see its docstring and `hyquant_jax.prefill_kernel._prepare`), INT8 Q.K and bf16 P.V. Per
+(see its docstring and `hyquant_jax.prefill_launch._prepare`), INT8 Q.K and bf16 P.V. Per
 (query head, CTA of `compute_wgs` blocks of 64 query rows, sequence) the CTA runs warpgroups:
 
 - a memory warpgroup streams one sequence of key steps (`block_kv` keys each) through `stages`
@@ -320,7 +320,7 @@ def hybrid_prefill_mgpu(meta, q, qq, qrow, qbias, kq, ks, vq, vsc, kvl, vvl, k, 
                         compute_wgs: int = 1, block_kv: int = BLOCK, stages: int = 2, pingpong: bool = False,
                         approx_math: bool = False, skip_masks: bool = True, magic_convert: bool = False,
                         interpret: bool = False):
-    """Run the kernel on arguments prepared by `hyquant_jax.prefill_kernel._prepare` (block_q 64,
+    """Run the kernel on arguments prepared by `hyquant_jax.prefill_launch._prepare` (block_q 64,
     block_k = block_kv; INT8 Q.K, bf16 P.V; `vsc` is unused and accepted for the same argument order).
 
     Shapes: meta int32 [B, Hkv, Tp // 64, 4] (nq, nvl, band_start, length) per 64-row block; q bf16

@@ -8,7 +8,7 @@ import pytest
 from benchmarks.decode_kernel import CASES, parse_tunings, select_cases
 from benchmarks.prefill_kernel import summarize
 from benchmarks.report import e2e_prefill_table, prefill_table
-from hyquant_jax.decode_kernel import DecodeTuning
+from hyquant_jax.decode_launch import DecodeTuning
 
 
 def test_parse_tunings_fields_and_default_items():
@@ -126,30 +126,6 @@ def test_decode_table_reports_the_hybrid_against_the_read_probe():
     assert decode_table(run).splitlines()[-1].endswith("| 0.250 |")  # the old JSONs: no probe column
     run["read_bandwidth"] = {"best": 4.0}
     assert decode_table(run).splitlines()[-1].endswith("| 0.250 | 65% |")
-
-
-def test_bf16_slots_probe_attends_like_the_bf16_decode():
-    """The probe's attention is the bf16 baseline's decode attention: slots past the position are ignored, and
-    with the step's token already in its slot it equals `BF16Attention.decode` (which writes it first)."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    from benchmarks.bf16_slots_probe import attention_step
-    from models.attention import BF16Attention, DecodeContext, KVBuffer
-
-    kq, kk, kv, kn = jax.random.split(jax.random.PRNGKey(0), 4)
-    k = jax.random.normal(kk, (1, 2, 512, 64), jnp.float32)
-    v = jax.random.normal(kv, (1, 2, 512, 64), jnp.float32)
-    q = jax.random.normal(kq, (1, 4, 64), jnp.float32)
-    pos = jnp.array([300], jnp.int32)
-    out = attention_step(q, k, v, pos)
-    noise = jax.random.normal(kn, (1, 2, 211, 64), jnp.float32)
-    out_noisy = attention_step(q, k.at[:, :, 301:].set(noise), v.at[:, :, 301:].set(noise), pos)
-    np.testing.assert_array_equal(np.asarray(out), np.asarray(out_noisy))
-    ctx = DecodeContext(positions=pos, active=jnp.array([True]))
-    ref, _ = BF16Attention(f32_probs=False).decode(0, q, k[:, :, 300], v[:, :, 300], KVBuffer(k, v), ctx)
-    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-6, atol=1e-6)
 
 
 def test_flush_period_is_the_ring_block_of_a_ring_cache():
@@ -302,89 +278,18 @@ def test_e2e_workers_share_one_compilation_and_autotune_cache(monkeypatch, tmp_p
     assert enabled == "all" or "xla_gpu_per_fusion_autotune_cache_dir" in enabled
 
 
-def test_flush_cond_probe_variants():
-    """The probe's variants: the same attention but without the ring flush (its once-per-step work returns
-    the states untouched), then also without ring scores; the first is timed again last."""
-    from benchmarks.flush_cond_probe import NoFlushAttention, variants
-    from hyquant_jax import HyQuantConfig
-    from hyquant_jax.model_attention import HybridAttention
-
-    base = HybridAttention(HyQuantConfig(window=32, block_size=16, prefill_block=16), backend="reference")
-    named = dict(variants(base))
-    assert [n for n, _ in variants(base)] == ["hyquant", "no_flush", "no_flush_no_ring_scores", "hyquant_again"]
-    assert named["hyquant"] is base and named["hyquant_again"] is base
-    no_flush, no_scores = named["no_flush"], named["no_flush_no_ring_scores"]
-    assert isinstance(no_flush, NoFlushAttention) and no_flush.config == base.config
-    assert no_flush.backend == base.backend and no_scores.config.promote_flushed is False
-    states = (object(),)
-    assert no_flush.begin_decode_step(states, None) is states
-    # and the decode loop calls that every step instead of counting steps until a flush that never comes
-    from models.attention import steps_until_begin
-
-    assert steps_until_begin(no_flush, states, None) is None
-
-
-def test_step_ablation_probe_variants_leave_out_what_they_say():
-    """The ablation probe's variants: bf16 and hybrid attentions whose decode returns q as the attention
-    output, with or without storing the step's k, v; the structure variants run in one flat loop or in
-    nested ones; the full hybrid variant is the library's attention itself."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    from benchmarks import step_ablation_probe as probe
-    from hyquant_jax import HyQuantConfig, freeze
-    from hyquant_jax.model_attention import HybridAttention
-    from models import KVBuffer
-    from models.attention import DecodeContext, steps_until_begin
-
-    hq = HyQuantConfig(window=32, block_size=16, prefill_block=16)
-    base = HybridAttention(hq, backend="reference")
-    made = {n: probe.attention_for(n, base) for n in probe.DEFAULT_VARIANTS}
-    assert made["hyquant"] is base
-    assert made["static"].skip == ("append", "attention", "ring_scores")
-    assert steps_until_begin(made["static_flat"], (), None) is None
-    assert made["static"].steps_until_begin.__func__ is HybridAttention.steps_until_begin  # nested runs
-    with pytest.raises(ValueError, match="unknown variant"):
-        probe.attention_for("nope", base)
-    with pytest.raises(ValueError, match="unknown parts"):
-        probe.AblatedHybrid(hq, skip=("kernels",))
-
-    b, h, g, d, s = 1, 2, 2, 16, 64
-    key = jax.random.split(jax.random.PRNGKey(0), 4)
-    q = jax.random.normal(key[0], (b, h * g, d), jnp.float32)
-    k, v = (jax.random.normal(x, (b, h, d), jnp.float32) for x in key[1:3])
-    ctx = DecodeContext(jnp.array([5], jnp.int32), jnp.array([True]), prepared=True)
-    buf = KVBuffer(jnp.zeros((b, h, s, d)), jnp.zeros((b, h, s, d)))
-    out, written = made["bf16_write_only"].decode(0, q, k, v, buf, ctx)
-    assert out is q and np.array_equal(written.k[:, :, 5], k) and float(jnp.abs(written.k).sum()) > 0
-    out, kept = made["bf16_static"].decode(0, q, k, v, buf, ctx)
-    assert out is q and kept is buf
-
-    prompt = jax.random.normal(key[3], (b, h, 40, d), jnp.float32)
-    cache = freeze(prompt, prompt, jnp.array([40], jnp.int32), None, hq, 64, vl=(jnp.zeros((b, h, 1), jnp.int32),
-                                                                              jnp.ones((b,), jnp.int32)))
-    out, same = made["static"].decode(0, q, k, v, cache, ctx)
-    assert out is q and same is cache
-    out, grown = made["append_only"].decode(0, q, k, v, cache, ctx)
-    assert out is q and int(grown.length[0]) == 41
-    full, _ = base.decode(0, q, k, v, cache, ctx)
-    scored, _ = made["no_ring_scores"].decode(0, q, k, v, cache, ctx)
-    np.testing.assert_array_equal(np.asarray(full), np.asarray(scored))  # same attention, no score update
-
-
-def test_profile_e2e_takes_probe_variants_and_dumps_events_in_order(tmp_path):
-    """profile_e2e.py profiles the step ablation probe's variants by name and writes the GPU events it read,
-    times relative to the first event."""
+def test_profile_e2e_takes_methods_and_dumps_events_in_order(tmp_path):
+    """profile_e2e.py profiles e2e.py's methods by name and writes the GPU events it read, times relative to
+    the first event."""
     import gzip
     import json
 
-    from benchmarks import e2e, profile_e2e, step_ablation_probe
+    from benchmarks import e2e, profile_e2e
 
     args = e2e.parse_args(["--smoke", "--sections", "b1"])
-    assert isinstance(profile_e2e._attention(args, "static_flat"), step_ablation_probe.FlatAblatedHybrid)
     assert type(profile_e2e._attention(args, "bf16")).__name__ == "BF16Attention"
-    with pytest.raises(ValueError, match="unknown variant"):
+    assert type(profile_e2e._attention(args, "hyquant")).__name__ == "HybridAttention"
+    with pytest.raises(ValueError, match="unknown method"):
         profile_e2e._attention(args, "nope")
     events = [{"name": "a", "tid": 3, "ts": 100.0, "dur": 2.0}, {"name": "b", "tid": 4, "ts": 105.5, "dur": 1.0}]
     path = tmp_path / "sub" / "events.json.gz"
@@ -394,49 +299,10 @@ def test_profile_e2e_takes_probe_variants_and_dumps_events_in_order(tmp_path):
     assert got["events"] == [["a", 3, 0.0, 2.0], ["b", 4, 5.5, 1.0]]
 
 
-def test_layer_timeline_offsets_of_each_layers_launches():
-    """benchmarks/layer_timeline.py: per Mosaic launch, the offsets of the same layer's RoPE, Triton and merge
-    kernels (us), whatever order the rows come in; a launch without a merge after it is left out."""
-    from benchmarks import layer_timeline as lt
-
-    layer = [[lt.ROPE, 1, 0.0, 2.0], [lt.MOSAIC, 2, 3.0, 20.0], [lt.TRITON, 3, 14.0, 18.0],
-             [lt.MERGE, 1, 32.5, 3.0], ["gemm", 1, 36.0, 10.0]]
-    events = [[n, s, t + 100.0 * k, d] for k in range(3) for n, s, t, d in layer]
-    events.append([lt.MOSAIC, 2, 400.0, 5.0])  # no merge after it
-    rows = lt.layer_offsets(events[::-1])
-    assert len(rows) == 3
-    assert rows[0] == {"rope_end_to_mosaic": 1.0, "mosaic_us": 20.0, "triton_start_after_mosaic_start": 11.0,
-                       "triton_us": 18.0, "triton_end_after_mosaic_end": 9.0, "merge_gap": 0.5}
-    assert lt.summary(rows)["layers"] == 3 and lt.summary([]) == {"layers": 0}
-
-
-def test_mosaic_ablation_variants_apply_to_the_kernel_and_lower(tmp_path):
-    """Every ablation of benchmarks/mosaic_ablation_variants.py still finds what it edits in the kernel's module
-    (it raises otherwise), and the variants that restructure the loop or the copies lower for CUDA."""
-    import jax
-
-    from benchmarks import mosaic_ablation_variants as mav
-    from benchmarks.common import load_module
-    from tests.test_decode_mgpu import kernel_args, random_case
-
-    with open(mav.SOURCE) as f:
-        source = f.read()
-    built = mav.variants(source)
-    assert {"copy_only", "wide", "pv_overlap", "keys_const", "stages4"} <= set(built)
-    assert all(text != source for text in built.values())
-    args = kernel_args(random_case(1, 2, 6, [5], seed=0))
-    for name in ("copy_only", "wide", "pv_overlap", "tiles_const"):
-        path = tmp_path / f"{name}.py"
-        path.write_text(built[name])
-        mod = load_module(str(path), "ablation_" + name)
-        fn = jax.jit(lambda *a, mod=mod: mod.low_bit_splits(*a, num_splits=2))
-        assert "mosaic_gpu" in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text(), name
-
-
 def test_decode_memory_lists_large_buffers_outside_the_loops():
     """benchmarks/decode_memory.py: the ENTRY computation's non-parameter results of at least min_bytes, with
     their sizes; parameters, bitcasts, tuples and the loop bodies' instructions are not listed."""
-    from benchmarks.decode_memory import large_entry_buffers
+    from benchmarks.hlo import large_entry_buffers
 
     hlo = """HloModule m
 
@@ -460,7 +326,7 @@ ENTRY %main (a: bf16[4096,8,6,128], b: s32[]) -> f32[1] {
 
 def test_e2e_mosaic_blocks_per_sm_reaches_the_hybrid_attention():
     from benchmarks import e2e
-    from hyquant_jax.decode_kernel import DecodeTuning
+    from hyquant_jax.decode_launch import DecodeTuning
 
     attention, _ = e2e._attention(e2e.parse_args(["--smoke", "--mosaic-blocks-per-sm", "1"]), "hyquant")
     assert attention.decode_tuning == DecodeTuning(mosaic_blocks_per_sm=1)
@@ -479,104 +345,3 @@ def test_e2e_mosaic_blocks_per_sm_reaches_the_hybrid_attention():
             e2e.parse_args(["--smoke", flag, "0"])
 
 
-def test_stream_probe_threads_reference():
-    """stream_probe.threads_reference (the check of the thread-load configs on the GPU) against a direct loop
-    over threads, pages and 16-byte loads, on a split layout with an empty split."""
-    import numpy as np
-
-    from benchmarks import stream_probe as sp
-
-    rng = np.random.default_rng(0)
-    b, h, pages, splits = 1, 2, 5, 4  # 2 pages a split: the last split is empty
-    kc, vc = (rng.integers(0, 256, (b, h, pages * sp.PAGE, sp.BYTES), dtype=np.uint8) for _ in range(2))
-    want = np.zeros((b, h, splits, 128), np.float32)
-    per = -(-pages // splits)
-    for hh in range(h):
-        flat = [x[0, hh].reshape(-1) for x in (kc, vc)]
-        for s in range(splits):
-            for t in range(128):
-                acc = 0
-                for page in range(s * per, min(s * per + per, pages)):
-                    for arr in flat:
-                        for m in range(2):
-                            start = page * 4096 + 16 * t + 2048 * m
-                            for word in arr[start:start + 16].view("<u4"):
-                                acc ^= int(word)
-                want[0, hh, s, t] = acc & 255
-    got = sp.threads_reference(kc, vc, splits)
-    np.testing.assert_array_equal(got, want)
-    assert np.any(got[:, :, :3] != 0) and not np.any(got[:, :, 3])
-    # interleaved: split s takes pages s, s + 4, ...: pages {0, 4}, {1}, {2}, {3}
-    each = [sp.threads_reference(kc[:, :, p * sp.PAGE:(p + 1) * sp.PAGE], vc[:, :, p * sp.PAGE:(p + 1) * sp.PAGE], 1)
-            for p in range(pages)]
-    got = sp.threads_reference(kc, vc, splits, interleave=True)
-    np.testing.assert_array_equal(got[:, :, 0:1], (each[0].astype(np.uint8) ^ each[4].astype(np.uint8)))
-    for s in range(1, 4):
-        np.testing.assert_array_equal(got[:, :, s:s + 1], each[s])
-
-
-
-def test_l2_prefetch_probe_lowers():
-    """benchmarks/l2_prefetch_probe.py: busy phases parse (bad ones name the rule), the prefetch and spin
-    kernels lower for CUDA, the prefetch names the shape it needs, and each variant's stages lower in one
-    program with the kernels it should have."""
-    import jax
-    import jax.numpy as jnp
-
-    from benchmarks import l2_prefetch_probe as lp
-
-    assert lp.parse_busy("spin5") == ("spin", 5.0) and lp.parse_busy("read32") == ("read", 32.0)
-    assert lp.parse_busy("none") == ("none", 0.0)
-    for bad in ("spin", "read-1", "wait5", "spin0"):
-        with pytest.raises(ValueError, match="busy phase"):
-            lp.parse_busy(bad)
-    sd = jax.ShapeDtypeStruct
-    w, a = sd((512, 768), jnp.bfloat16), sd((8, 128), jnp.float32)
-    with pytest.raises(ValueError, match="multiples of 256"):
-        lp.prefetch_l2(jnp.zeros((512, 100), jnp.bfloat16), jnp.zeros((8, 128), jnp.float32), blocks=8)
-    x, flush = sd((1, 512), jnp.bfloat16), sd((1024,), jnp.bfloat16)
-    for busy, prefetch, kernels in (("none", False, 0), ("none", True, 1), ("spin3", True, 2), ("spin3", False, 1),
-                                    ("read2", True, 1)):
-        fn = jax.jit(lp.stages(busy, prefetch=prefetch, gemv=True, spin_iters_per_us=100, blocks=8))
-        text = fn.trace(a, x, w, flush, flush).lower(lowering_platforms=("cuda",)).as_text()
-        assert text.count("custom_call @mosaic_gpu_v") == kernels, (busy, prefetch)
-
-
-def test_stream_probe_configs_lower_and_slopes():
-    """benchmarks/stream_probe.py: config names parse (bad ones name the rule), the copy-only kernel lowers for
-    CUDA in the kernel's shape and in a wide multi-page one, and the slope between two B=1 contexts removes
-    the fixed cost."""
-    import functools
-
-    import jax
-    import jax.numpy as jnp
-
-    from benchmarks import stream_probe as sp
-
-    assert sp.parse_config("w256_p4_s3") == dict(width=256, pages=4, stages=3, small=True, interleave=False)
-    assert sp.parse_config("w64_p1_s2_codes")["small"] is False
-    assert sp.parse_config("w64_p1_s2_codes_i") == dict(width=64, pages=1, stages=2, small=False, interleave=True)
-    assert sp.parse_config("t4") == dict(depth=4, interleave=False)
-    assert sp.parse_config("t4_i") == dict(depth=4, interleave=True)
-    for bad in ("w96_p1_s2", "w64_p8_s2", "p1_w64_s2", "w64_p1", "t0", "t9", "tx", "t4_j", "w64_p1_s2_i_codes"):
-        with pytest.raises(ValueError, match="config"):
-            sp.parse_config(bad)
-    assert sp.PAGE_BYTES == 8960
-    ops = sp.operands(1, 2, 1024)
-    q = jnp.zeros((16,), jnp.float32)
-    for name in ("w64_p1_s2", "w256_p4_s3", "w128_p2_s2_codes", "w64_p1_s2_i", "w256_p4_s2_codes_i"):
-        fn = jax.jit(functools.partial(sp.stream, splits=2, **sp.parse_config(name)))
-        assert "mosaic_gpu" in fn.trace(q, *ops).lower(lowering_platforms=("cuda",)).as_text(), name
-    for depth, interleave in ((1, False), (3, False), (3, True)):  # 3 does not divide the 8 pages of a split
-        fn = jax.jit(functools.partial(sp.stream_threads, depth=depth, splits=2, interleave=interleave))
-        assert "mosaic_gpu" in fn.trace(q, ops[0], ops[1]).lower(lowering_platforms=("cuda",)).as_text(), depth
-    with pytest.raises(ValueError, match="must divide"):
-        sp.stream(q, *sp.operands(1, 2, 192), width=64, pages=2, stages=2, small=True, splits=1)
-    # 1 ms for 1e9 bytes, 2 ms for 4e9: 3e9 bytes in 1 ms = 3 TB/s, and 1 ms - 1e9 / 3e12 s = 0.667 ms fixed
-    rows = [{"config": "a", "batch": 1, "context": 1, "bytes": 1e9, "ms": 1.0},
-            {"config": "a", "batch": 1, "context": 4, "bytes": 4e9, "ms": 2.0},
-            {"config": "a", "batch": 16, "context": 1, "bytes": 9e9, "ms": 9.0},
-            {"config": "b", "batch": 1, "context": 1, "bytes": 1e9, "error": "x"}]
-    slopes = sp.fixed_cost_slopes(rows)
-    assert set(slopes) == {"a"} and slopes["a"]["contexts"] == [1, 4]
-    assert abs(slopes["a"]["tb_s"] - 3.0) < 1e-9 and abs(slopes["a"]["fixed_us"] - 1000 / 1.5) < 1e-6

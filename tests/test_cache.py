@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import oracle
-from hq_helpers import Harness, config, j32, ji32, normal, region_ids, rng, with_ring_score
+from tests.helpers import oracle
+from tests.helpers.hq_helpers import Harness, config, j32, ji32, normal, region_ids, rng, with_ring_score
 from hyquant_jax.cache import (accumulate_ring_scores, append, capacities, flush_full_rings, freeze,
                                steps_until_full, worst_history)
 from hyquant_jax.config import HyQuantConfig
@@ -331,9 +331,9 @@ def test_append_and_decode_reject_mismatches():
         hybrid_decode_attention_reference(jnp.zeros((2, 3, 32)), h.cache, cfg)  # wrong head_dim
     with pytest.raises(ValueError, match="q must be"):
         hybrid_decode_attention_reference(jnp.zeros((1, 2, 64)), h.cache, cfg)  # wrong batch
-    from hyquant_jax import decode_kernel
+    from hyquant_jax import decode_launch
 
-    for attend in (hybrid_decode_attention_reference, partial(decode_kernel.decode_attention, interpret=True)):
+    for attend in (hybrid_decode_attention_reference, partial(decode_launch.decode_attention, interpret=True)):
         with pytest.raises(ValueError, match=r"q must be floating \[B, Hq, D\].*got int32 \(2, 2, 64\)"):
             attend(jnp.zeros((2, 2, 64), jnp.int32), h.cache, cfg)
         with pytest.raises(ValueError, match=r"q must be floating \[B, Hq, D\].*got float32 \(2, 2, 1, 64\)"):

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from checkpoint_files import train_tokenizer, write_gguf
+from tests.helpers.checkpoint_files import train_tokenizer, write_gguf
 from hyquant_jax import cli
 from models import ModelConfig, init_params
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import oracle
+from tests.helpers import oracle
 from hyquant_jax.config import HyQuantConfig, num_vl_tokens
 
 

@@ -43,7 +43,7 @@ def _token(seed, b, h, rows, absent=0.3):
 
 
 def _xla_merge(o, m, l, mo, mml, group, token=None):
-    """What decode_kernel did before the kernel: natural_splits of the Mosaic set, concatenated, merge_splits."""
+    """What decode_launch did before the kernel: natural_splits of the Mosaic set, concatenated, merge_splits."""
     low = dm.natural_splits(jnp.swapaxes(jnp.asarray(mo), -1, -2), jnp.asarray(mml[..., 0, :]),
                             jnp.asarray(mml[..., 1, :]))
     both = [jnp.concatenate([jnp.asarray(x), y], axis=2) for x, y in zip((o, m, l), low)]

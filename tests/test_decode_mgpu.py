@@ -1,10 +1,10 @@
-"""The Mosaic GPU low-bit decode kernel (`pallas_kernels/decode_mgpu.py`) and its glue in `decode_kernel`.
+"""The Mosaic GPU low-bit decode kernel (`pallas_kernels/decode_mgpu.py`) and its launch planner `hyquant_jax.decode_launch`.
 
 The kernel's unpack is inline PTX, which no interpreter runs, so on CPU: the channel orders it relies on,
 its lowering for CUDA (Mosaic GPU's layout inference and lowering run in Python), its float64 oracle, the
 argument checks, and the glue (q preparation, split conversion, merge with the Triton kernel's VL and ring
 splits) with the kernel replaced by an emulation built from the oracle. On the GPU (`pytest -m gpu`): the
-compiled kernel against the oracle on random caches, and (tests/test_decode_kernel.py) the whole decode
+compiled kernel against the oracle on random caches, and (tests/test_decode.py) the whole decode
 against the reference, which takes this kernel for the default config on Hopper.
 """
 
@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 import hyquant_jax as hq
-from hyquant_jax import decode_kernel
+from hyquant_jax import decode_launch
 from pallas_kernels import decode_mgpu as dm
-from tests.test_decode_kernel import _cache
+from tests.test_decode import _cache
 
 on_hopper = jax.default_backend() == "gpu" and str(getattr(jax.devices()[0], "compute_capability", "")).startswith("9.")
 
@@ -211,23 +211,23 @@ def _emulated_low_bit_splits(*args, num_splits, stages, packed=False, query_scal
 
 
 def test_glue_merges_mosaic_and_triton_splits(monkeypatch):
-    """decode_kernel's Mosaic path (q in base 2 and KEY_CHANNELS order, output rows back in natural order,
+    """decode_launch's Mosaic path (q in base 2 and KEY_CHANNELS order, output rows back in natural order,
     natural-log maxima, the Triton kernel's VL and ring splits with n_low = 0) equals the reference, with the
     kernel emulated from its oracle. A sequence shorter than the window (no pages) is included."""
     monkeypatch.setattr(dm, "low_bit_splits", _emulated_low_bit_splits)
     config = hq.HyQuantConfig()  # the config the Mosaic kernel covers (K4V4 channel_key, pages of 64)
     qd, cache = _cache(jax.random.PRNGKey(11), 3, 8, 2, 128, [700, 300, 90], config, appends=2)
-    assert decode_kernel.mosaic_low_bit_fits(cache, config, 8)
-    lay = decode_kernel.decode_layout(cache, config, 8, low_bit_elsewhere=True)
+    assert decode_launch.mosaic_low_bit_fits(cache, config, 8)
+    lay = decode_launch.decode_layout(cache, config, 8, low_bit_elsewhere=True)
     assert lay.n_low == 0 and lay.n_vl >= 1
-    out, lse = decode_kernel._run(qd, cache, lay, 1.0 / math.sqrt(128), 2, 2, True, (3, 2))
+    out, lse = decode_launch._run(qd, cache, lay, 1.0 / math.sqrt(128), 2, 2, True, (3, 2))
     ref, ref_lse = hq.hybrid_decode_attention_reference(qd, cache, config)
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=2e-3, atol=2e-3)
     np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), atol=2e-3)  # bf16 q in the Triton splits
     # with the step's own token as one more key (merged by decode_merge's kernel): as over the appended cache
     k, v = jax.random.normal(jax.random.PRNGKey(12), (2, 3, 2, 128))
     active = jnp.asarray([True, True, False])
-    out, lse = decode_kernel._run(qd, cache, lay, 1.0 / math.sqrt(128), 2, 2, True, (3, 2), (k, v, active))
+    out, lse = decode_launch._run(qd, cache, lay, 1.0 / math.sqrt(128), 2, 2, True, (3, 2), (k, v, active))
     ref, ref_lse = hq.hybrid_decode_attention_reference(qd, hq.append(cache, k, v, config, active=active), config)
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=2e-3, atol=2e-3)
     np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), atol=2e-3)
@@ -235,7 +235,7 @@ def test_glue_merges_mosaic_and_triton_splits(monkeypatch):
     seen = []
     monkeypatch.setattr(dm, "low_bit_splits", lambda *a, **k: seen.append(k) or _emulated_low_bit_splits(*a, **k))
     qb = qd.astype(jnp.bfloat16)
-    out, lse = decode_kernel._run(qb, cache, lay, 1.0 / math.sqrt(128), 2, 2, True, (3, 2))
+    out, lse = decode_launch._run(qb, cache, lay, 1.0 / math.sqrt(128), 2, 2, True, (3, 2))
     ref, ref_lse = hq.hybrid_decode_attention_reference(qb, cache, config)
     assert seen and seen[0]["query_scale"] == 1.0 / math.sqrt(128)
     np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), rtol=2e-2, atol=2e-2)
@@ -245,23 +245,23 @@ def test_glue_merges_mosaic_and_triton_splits(monkeypatch):
 def test_mosaic_choice():
     config = hq.HyQuantConfig()
     qd, cache = _cache(jax.random.PRNGKey(12), 1, 8, 2, 128, [200], config)
-    tuning = decode_kernel.DecodeTuning
-    assert not decode_kernel.use_mosaic_low_bit(cache, config, 8, tuning(), interpret=True)
-    assert not decode_kernel.use_mosaic_low_bit(cache, config, 8, tuning(low_bit="triton"), interpret=False)
+    tuning = decode_launch.DecodeTuning
+    assert not decode_launch.use_mosaic_low_bit(cache, config, 8, tuning(), interpret=True)
+    assert not decode_launch.use_mosaic_low_bit(cache, config, 8, tuning(low_bit="triton"), interpret=False)
     # "auto" leaves small caches to the Triton kernel (1 x 2 heads x 4 pages here), takes Mosaic for large ones
-    assert not decode_kernel.use_mosaic_low_bit(cache, config, 8, tuning(), interpret=False)
-    large = dataclasses.replace(cache, page_count=jnp.zeros((1, decode_kernel.MOSAIC_MIN_PAGES // 2), jnp.int32))
-    assert decode_kernel.use_mosaic_low_bit(large, config, 8, tuning(), interpret=False) == on_hopper
+    assert not decode_launch.use_mosaic_low_bit(cache, config, 8, tuning(), interpret=False)
+    large = dataclasses.replace(cache, page_count=jnp.zeros((1, decode_launch.MOSAIC_MIN_PAGES // 2), jnp.int32))
+    assert decode_launch.use_mosaic_low_bit(large, config, 8, tuning(), interpret=False) == on_hopper
     with pytest.raises(ValueError, match="low_bit='mosaic' needs a Hopper GPU"):
-        decode_kernel.use_mosaic_low_bit(cache, config, 8, tuning(low_bit="mosaic"), interpret=True)
+        decode_launch.use_mosaic_low_bit(cache, config, 8, tuning(low_bit="mosaic"), interpret=True)
     with pytest.raises(ValueError, match="DecodeTuning.low_bit"):
-        decode_kernel.use_mosaic_low_bit(cache, config, 8, tuning(low_bit="cuda"), interpret=False)
+        decode_launch.use_mosaic_low_bit(cache, config, 8, tuning(low_bit="cuda"), interpret=False)
     with pytest.raises(ValueError, match="DecodeTuning.mosaic_splits"):
-        decode_kernel.use_mosaic_low_bit(cache, config, 8, tuning(mosaic_splits=0), interpret=False)
+        decode_launch.use_mosaic_low_bit(cache, config, 8, tuning(mosaic_splits=0), interpret=False)
     for other in (hq.HyQuantConfig(key_bits=2), hq.HyQuantConfig(scheme="token_asym"),
                   hq.HyQuantConfig(block_size=32, window=128)):
-        assert not decode_kernel.mosaic_low_bit_fits(cache, other, 8)
-    assert not decode_kernel.mosaic_low_bit_fits(cache, config, 2 * 17)  # GQA group of 17 > 16 rows
+        assert not decode_launch.mosaic_low_bit_fits(cache, other, 8)
+    assert not decode_launch.mosaic_low_bit_fits(cache, config, 2 * 17)  # GQA group of 17 > 16 rows
 
 
 def test_mosaic_splits_override(monkeypatch):
@@ -269,23 +269,23 @@ def test_mosaic_splits_override(monkeypatch):
     config = hq.HyQuantConfig()
     qd, cache = _cache(jax.random.PRNGKey(13), 2, 8, 2, 128, [300, 200], config)
     launches = []
-    monkeypatch.setattr(decode_kernel, "use_mosaic_low_bit", lambda *a, **k: True)
-    monkeypatch.setattr(decode_kernel, "_run", lambda *a: launches.append(a[7]))  # mosaic_launch
-    for t in (decode_kernel.DecodeTuning(mosaic_splits=5, mosaic_stages=3), decode_kernel.DecodeTuning(),
-              decode_kernel.DecodeTuning(mosaic_pages_per_copy=4, mosaic_wide=True),
-              decode_kernel.DecodeTuning(mosaic_interleave=True)):
-        decode_kernel.decode_attention(qd, cache, config, interpret=True, tuning=t)
+    monkeypatch.setattr(decode_launch, "use_mosaic_low_bit", lambda *a, **k: True)
+    monkeypatch.setattr(decode_launch, "_run", lambda *a: launches.append(a[7]))  # mosaic_launch
+    for t in (decode_launch.DecodeTuning(mosaic_splits=5, mosaic_stages=3), decode_launch.DecodeTuning(),
+              decode_launch.DecodeTuning(mosaic_pages_per_copy=4, mosaic_wide=True),
+              decode_launch.DecodeTuning(mosaic_interleave=True)):
+        decode_launch.decode_attention(qd, cache, config, interpret=True, tuning=t)
     pages = cache.page_count.shape[1]
     per_copy = max(n for n in range(1, 5) if pages % n == 0)  # the largest divisor of the pages up to 4
     splits = dm.default_splits(2, 2, pages)
     assert launches == [(5, 3, 1, False, False), (splits, 2, 1, False, False), (splits, 2, per_copy, True, False),
                         (splits, 2, 1, False, True)]
     with pytest.raises(ValueError, match="mosaic_interleave takes mosaic_pages_per_copy 1, got 2"):
-        both = decode_kernel.DecodeTuning(mosaic_interleave=True, mosaic_pages_per_copy=2)
-        decode_kernel.decode_attention(qd, cache, config, interpret=True, tuning=both)
+        both = decode_launch.DecodeTuning(mosaic_interleave=True, mosaic_pages_per_copy=2)
+        decode_launch.decode_attention(qd, cache, config, interpret=True, tuning=both)
     with pytest.raises(ValueError, match="mosaic_pages_per_copy must be in 1..4"):
-        decode_kernel.decode_attention(qd, cache, config, interpret=True,
-                                       tuning=decode_kernel.DecodeTuning(mosaic_pages_per_copy=5))
+        decode_launch.decode_attention(qd, cache, config, interpret=True,
+                                       tuning=decode_launch.DecodeTuning(mosaic_pages_per_copy=5))
 
 
 def test_hybrid_attention_passes_its_decode_tuning(monkeypatch):
@@ -296,12 +296,12 @@ def test_hybrid_attention_passes_its_decode_tuning(monkeypatch):
     config = hq.HyQuantConfig()
     qd, cache = _cache(jax.random.PRNGKey(14), 1, 8, 2, 128, [200], config)
     seen = []
-    original = decode_kernel.decode_attention
-    monkeypatch.setattr(decode_kernel, "decode_attention",
+    original = decode_launch.decode_attention
+    monkeypatch.setattr(decode_launch, "decode_attention",
                         lambda *a, **k: seen.append(k.get("tuning")) or original(*a, **k))
     k, v = jax.random.normal(jax.random.PRNGKey(15), (2, 1, 2, 128))
     ctx = DecodeContext(jnp.asarray([200]), jnp.asarray([True]))
-    tuning = decode_kernel.DecodeTuning(mosaic_blocks_per_sm=1)
+    tuning = decode_launch.DecodeTuning(mosaic_blocks_per_sm=1)
     for attention in (hq.HybridAttention(config, "interpret", decode_tuning=tuning),
                       hq.HybridAttention(config, "interpret")):
         out, _ = attention.decode(0, qd, k, v, cache, ctx)

@@ -416,7 +416,7 @@ def test_gpu_decode_loops_on_the_device_match_the_host_loops(monkeypatch, kind):
     step), bit for bit: greedy, a ragged batch, a stop token that ends one sequence early, more steps than a
     window flush period; hyquant through the Triton and Mosaic kernels (the Mosaic threshold lowered)."""
     import pallas_kernels.decode_mgpu as decode_mgpu
-    from hyquant_jax import decode_kernel
+    from hyquant_jax import decode_launch
 
     module = importlib.import_module("hyquant_jax.generate")  # the package exports a function of that name
     config = dataclasses.replace(CONFIG, architecture="qwen3", qk_norm=True, vocab_size=512, hidden_size=1024,
@@ -426,7 +426,7 @@ def test_gpu_decode_loops_on_the_device_match_the_host_loops(monkeypatch, kind):
     prompts = [rng.integers(0, config.vocab_size, n).tolist() for n in (411, 333)]
     attn = BF16Attention() if kind == "bf16" else make_attention("hyquant", HyQuantConfig(), backend="pallas")
     mosaic_calls = []
-    monkeypatch.setattr(decode_kernel, "MOSAIC_MIN_PAGES", 1)
+    monkeypatch.setattr(decode_launch, "MOSAIC_MIN_PAGES", 1)
     real = decode_mgpu.low_bit_splits
     monkeypatch.setattr(decode_mgpu, "low_bit_splits", lambda *a, **k: mosaic_calls.append(1) or real(*a, **k))
     base = module.decode_compiler_options("")

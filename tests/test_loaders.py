@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import ggml_blocks
-import spm_reference
-from checkpoint_files import CHATML, SPECIALS, numpy_weights, train_tokenizer, write_gguf, write_hf_folder
+from tests.helpers import ggml_blocks
+from tests.helpers import spm_reference
+from tests.helpers.checkpoint_files import CHATML, SPECIALS, numpy_weights, train_tokenizer, write_gguf, write_hf_folder
 from models import BF16Attention, ModelConfig, PrefillContext, forward, init_params, load_model
 from models.gguf_loader import llama_cpp_permute, llama_cpp_unpermute, load_gguf
 from models.hf_loader import load_hf
@@ -180,7 +180,7 @@ MATRICES = ("q", "k", "v", "o", "gate", "up", "down", "embed", "lm_head")
                          ids=list(ggml_blocks.BLOCK_BYTES) + ["Q4_K_M"])
 def test_gguf_k_quants_and_5_bit_match_a_reference_dequantizer(tmp_path, types):
     """Weights stored as random valid blocks of each K-quant / 5-bit type load as a float64 dequantizer
-    written from ggml's C code (tests/ggml_blocks.py) decodes them, Q/K rows un-permuted; the model runs."""
+    written from ggml's C code (tests/helpers/ggml_blocks.py) decodes them, Q/K rows un-permuted; the model runs."""
     config = K_QUANT_CONFIG
     params = init_params(jax.random.PRNGKey(4), config, jnp.float32)
     rng = np.random.default_rng(5)
@@ -245,7 +245,7 @@ SPM_CORPUS = ("the quick brown fox jumps over the lazy dog. the dog sleeps, the 
 
 def test_gguf_sentencepiece_tokenizer_matches_llama_cpp_reference(tmp_path):
     """A "llama" (SentencePiece BPE) GGUF vocabulary encodes as llama.cpp's algorithm written directly
-    (tests/spm_reference.py): highest-score merges, a prepended space, byte fallback for characters outside
+    (tests/helpers/spm_reference.py): highest-score merges, a prepended space, byte fallback for characters outside
     the vocabulary; decoding gives the text back; <s> is prepended."""
     tokens, scores, types = spm_reference.train_vocab(SPM_CORPUS)
     config = dataclasses.replace(TINY, vocab_size=len(tokens))

@@ -252,7 +252,7 @@ def test_prefix_attention_matches_float64_oracle(b, hkv, g, t, extra, offset, ro
     the float64 oracle, in one query block or several (`logits_budget` sized to give `rows` rows a block, at
     least 16; blocks past T padded), with key blocks of any size (dividing S or not, one block for all of S);
     f32 probabilities for exact products."""
-    import oracle
+    from tests.helpers import oracle
     from models.attention import prefix_attention
 
     rng = np.random.default_rng(seed)
@@ -274,7 +274,7 @@ def test_prefix_attention_reads_no_key_block_past_the_chunk(rows):
     output finite and equal to the oracle's over clean keys (a chunk at positions 50..79 of a 300-slot staging
     buffer reads blocks of 64 up to slot 127), with one query block or two of 16 rows (the first of them reads
     one key block)."""
-    import oracle
+    from tests.helpers import oracle
     from models.attention import prefix_attention
 
     rng = np.random.default_rng(7)

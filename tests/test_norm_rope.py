@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hq_helpers import rng
+from tests.helpers.hq_helpers import rng
 from models.layers import apply_rope, rms_norm
 from pallas_kernels.norm_rope import add_rms_norm, fits, qk_norm_rope
 
@@ -165,12 +165,3 @@ def test_num_warps_is_checked_and_does_not_change_results():
     for u, v in zip(a, b):
         np.testing.assert_array_equal(np.asarray(u, np.float32), np.asarray(v, np.float32))
 
-
-def test_warps_probe_smoke(tmp_path):
-    """benchmarks/norm_rope_probe.py runs end to end (tiny shapes, interpret mode) and checks what it times."""
-    from benchmarks.norm_rope_probe import main
-
-    result = main(["--smoke", "--out", str(tmp_path), "--name", "probe"])
-    assert (tmp_path / "probe.json").exists() and result["interpret"]
-    assert {r["kernel"] for r in result["rows"]} == {"add_rms_norm", "qk_norm_rope"}
-    assert all(r["max_rel_error"] < 2e-2 and r["us_per_call"] > 0 for r in result["rows"])

@@ -1,10 +1,10 @@
-"""Hybrid prefill as a Mosaic GPU kernel (pallas_kernels/prefill_mgpu.py via hyquant_jax.prefill_kernel).
+"""Hybrid prefill as a Mosaic GPU kernel (pallas_kernels/prefill_mgpu.py via hyquant_jax.prefill_launch).
 
 CPU (CI): GPU interpret mode (one warpgroup per CTA that copies and then computes each step: the
 same math and masks, see the kernel's docstring) against the jnp reference on small shapes, in a
 child process (`mgpu_interpret_cases.py`), and lowering for CUDA at real shapes (warp-specialized). GPU (`pytest -m gpu`): the
 compiled kernel against the reference, incl. non-multiple-of-64 lengths and ragged batches.
-Inputs and tolerances as in test_prefill_kernel.py (lossy on purpose: a wrong segment shows).
+Inputs and tolerances as in test_prefill.py (lossy on purpose: a wrong segment shows).
 """
 
 from __future__ import annotations
@@ -19,16 +19,16 @@ import pytest
 
 from hyquant_jax.attention import MOSAIC_PREFILL
 from pallas_kernels.prefill_mgpu import argument_shapes, hybrid_prefill_mgpu
-from tests.mgpu_interpret_cases import _cfg, _run
-from tests.test_prefill_kernel import TOL, check_output
+from tests.helpers.mgpu_interpret_cases import _cfg, _run
+from tests.test_prefill import TOL, check_output
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_interpret_cases_in_own_process():
-    """`tests/mgpu_interpret_cases.py` (interpret mode, input checks, dispatch) in a child pytest process: see
+    """`tests/helpers/mgpu_interpret_cases.py` (interpret mode, input checks, dispatch) in a child pytest process: see
     that file's docstring for why they do not share the suite's process."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/mgpu_interpret_cases.py"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/helpers/mgpu_interpret_cases.py"]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
     assert " passed" in r.stdout and "failed" not in r.stdout, r.stdout[-3000:]
@@ -52,7 +52,7 @@ def test_lowers_for_cuda(d, kernel):
 SHARDED_LOWERING = """
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
-from hyquant_jax import prefill_kernel as pk
+from hyquant_jax import prefill_launch as pk
 from hyquant_jax.attention import MOSAIC_PREFILL
 from hyquant_jax.config import HyQuantConfig
 mesh = Mesh(np.array(jax.devices()[:2]), ("model",))

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import oracle
-from hq_helpers import rng
+from tests.helpers import oracle
+from tests.helpers.hq_helpers import rng
 from hyquant_jax import quant
 
 SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow],

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import oracle
-from hq_helpers import Harness, assert_close, config, grid_normal, j32, ji32, normal, rng, vl_sets
+from tests.helpers import oracle
+from tests.helpers.hq_helpers import Harness, assert_close, config, grid_normal, j32, ji32, normal, rng, vl_sets
 from hyquant_jax import attention
 from hyquant_jax.cache import accumulate_ring_scores, append, freeze
 from hyquant_jax.reference import (

@@ -28,9 +28,9 @@ from hyquant_jax.generate import generate
 from hyquant_jax.model_attention import PromptStaging, make_attention
 from models import BF16Attention, KVBuffer, ModelConfig, init_params
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import sharded_generate_worker as worker  # noqa: E402  (importing it only reads CASES; no device is touched)
+from tests.helpers import sharded_generate_worker as worker  # importing it only reads CASES; no device is touched
+
+ROOT = Path(__file__).resolve().parent.parent
 
 COMPARISONS = [c for c, (kind, _, _) in worker.CASES.items() if kind is not None]
 ERRORS = {"error-kv-heads": ["4 KV heads", "model axis of size 8"],
@@ -42,10 +42,10 @@ ERRORS = {"error-kv-heads": ["4 KV heads", "model axis of size 8"],
 def sharded_runs():
     """Run every worker case once in a subprocess with 8 host devices; {case: row}."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parent), str(HERE), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.pop("XLA_FLAGS", None)
-    proc = subprocess.run([sys.executable, str(HERE / "sharded_generate_worker.py")], capture_output=True, text=True,
-                          timeout=900, env=env, cwd=str(HERE.parent))
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "sharded_generate_worker.py")], capture_output=True, text=True,
+                          timeout=900, env=env, cwd=str(ROOT))
     rows = {}
     for line in proc.stdout.splitlines():
         if line.startswith("{") and '"case"' in line:
@@ -213,7 +213,7 @@ def test_gpu_sharded_hyquant_equals_single_device(mesh_shape):
     >= MOSAIC_MIN_PAGES)."""
     from models.attention import DecodeContext, PrefillContext
 
-    from hyquant_jax import decode_kernel, hybrid_decode_attention_reference
+    from hyquant_jax import decode_launch, hybrid_decode_attention_reference
 
     config = HyQuantConfig()
     b, hq, h, d, s = 4, 32, 8, 128, 16384
@@ -237,7 +237,7 @@ def test_gpu_sharded_hyquant_equals_single_device(mesh_shape):
         assert np.array_equal(np.asarray(x), np.asarray(y)), f"prefill cache leaf {jax.tree_util.keystr(path)} differs"
 
     local = cache1.batch // data * (cache1.num_kv_heads // model) * cache1.page_count.shape[1]
-    assert local >= decode_kernel.MOSAIC_MIN_PAGES  # each shard's decode takes the Mosaic low-bit kernel
+    assert local >= decode_launch.MOSAIC_MIN_PAGES  # each shard's decode takes the Mosaic low-bit kernel
     qd, kd, vd = bf16(keys[3], (b, hq, d)), bf16(keys[4], (b, h, d)), bf16(keys[5], (b, h, d))
     step = DecodeContext(positions=lengths, active=jnp.ones((b,), bool))
     dec1, new1 = attn.decode(0, qd, kd, vd, cache1, step)

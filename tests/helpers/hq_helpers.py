@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import oracle
+from tests.helpers import oracle
 from hyquant_jax.cache import HybridKVCache, append, freeze, low_bit_valid, ring_valid, vl_valid
 from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.vti import tail_queries, tail_query_count, vertical_token_identification

@@ -13,7 +13,7 @@ import pytest
 
 import hyquant_jax as hq
 from hyquant_jax.cache import ring_valid
-from hyquant_jax.decode_kernel import DecodeTuning, decode_attention as kernel_decode
+from hyquant_jax.decode_launch import DecodeTuning, decode_attention as kernel_decode
 
 
 def _cache(key, batch, q_heads, kv_heads, head_dim, lengths, config, appends=0, max_len=None, dtype=jnp.float32):
@@ -140,7 +140,7 @@ def test_ptx_unpack_matches_interpret_values(bits, half):
 ])
 def test_split_heuristic(batch, capacity_tokens, n_low):
     """Splits per KV head chosen from the H200 sweeps (Qwen3-8B heads, 132 SMs)."""
-    from hyquant_jax.decode_kernel import MAX_SPLIT_TOKENS, decode_layout
+    from hyquant_jax.decode_launch import MAX_SPLIT_TOKENS, decode_layout
 
     config = hq.HyQuantConfig()
     pages = capacity_tokens // config.block_size

@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import oracle
+from tests.helpers import oracle
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st

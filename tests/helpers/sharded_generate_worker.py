@@ -4,7 +4,7 @@ XLA_FLAGS=--xla_force_host_platform_device_count=8 must be set before JAX
 starts its backend, which the pytest process has already done with one
 device; so the test runs this file in a fresh interpreter:
 
-    python tests/sharded_generate_worker.py [CASE ...]   (no CASE: all of CASES, about 2 minutes)
+    python tests/helpers/sharded_generate_worker.py [CASE ...]   (no CASE: all of CASES, about 2 minutes)
 
 Prints one JSON line per case: {"case", "ok", "detail", "seconds"}.
 """
@@ -17,7 +17,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -134,7 +134,7 @@ def _cli(shape: str) -> dict:
     import tempfile
     from pathlib import Path
 
-    from checkpoint_files import train_tokenizer, write_gguf
+    from tests.helpers.checkpoint_files import train_tokenizer, write_gguf
     from hyquant_jax import cli
 
     tok = train_tokenizer()

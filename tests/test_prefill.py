@@ -1,4 +1,4 @@
-"""Hybrid prefill kernel (pallas_kernels/prefill.py via hyquant_jax.prefill_kernel).
+"""Hybrid prefill kernel (pallas_kernels/prefill.py via hyquant_jax.prefill_launch).
 
 CPU (CI): the kernel in Pallas interpret mode against the jnp references, on
 small shapes. GPU (`pytest -m gpu`): the compiled Triton kernel against the
@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from hyquant_jax import attention, reference, vti
-from hyquant_jax import prefill_kernel as pk
+from hyquant_jax import prefill_launch as pk
 from hyquant_jax.config import HyQuantConfig, num_vl_tokens
 
 TOL = 4e-3  # relative L2 error kernel vs reference (bf16 P.V rounding is ~1.5e-3)

@@ -1,0 +1,1 @@
+"""Shared test helpers: float64 oracles, checkpoint writers, reference tokenizers, subprocess workers."""
