@@ -10,10 +10,10 @@ staged keys with `models.prefix_attention`. The ways to compute it, timed in one
              version before session 49, with this version's online softmax);
   baseline   with --baseline FILE: `prefix_attention` of another version of `models/attention.py`, e.g.
              the one before session 49 (`git show 7cbf3c9:models/attention.py > /tmp/attention_s48.py`);
-  pallas     with --pallas: `prefix_attention(impl="pallas")`, the fused kernel of `pallas_kernels.prefix`
+  pallas     with --triton: `prefix_attention(impl="triton")`, the fused kernel of `pallas_kernels.prefix`
              (GPU; Pallas interpret mode elsewhere, slow). Its relative L2 difference from `blocks` on the
-             last chunk is recorded (`pallas_rel_diff`);
-  pallas_qQ_kK_wW_sS  with --pallas-launches "Q,K,W,S;...": the kernel with block_q Q, block_k K, W warps and
+             last chunk is recorded (`triton_rel_diff`);
+  triton_qQ_kK_wW_sS  with --triton-launches "Q,K,W,S;...": the kernel with block_q Q, block_k K, W warps and
              S pipeline stages, to pick the default launch (each with its last chunk's difference from XLA).
 
 Reports seconds for the whole prompt (one layer; median of --reps timed calls after a warm-up call) and
@@ -61,7 +61,7 @@ def slots_read(prompt: int, chunk: int, key_block: int) -> int:
     return sum(min(prompt, -(-(c + chunk) // kb) * kb) for c in range(0, prompt, chunk))
 
 
-def last_chunk_difference(q, k, v, chunk: int, attend=partial(prefix_attention, impl="pallas")) -> float:
+def last_chunk_difference(q, k, v, chunk: int, attend=partial(prefix_attention, impl="triton")) -> float:
     """Relative L2 difference of attend's output (by default the fused kernel's) from the XLA path's on the
     prompt's last chunk."""
     prompt = q.shape[2]
@@ -85,19 +85,19 @@ def main(argv=None) -> dict:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--baseline", default=None, metavar="FILE",
                    help="also time `prefix_attention` of this copy of models/attention.py")
-    p.add_argument("--pallas", action="store_true", help="also time the fused kernel (impl='pallas')")
-    p.add_argument("--pallas-launches", default="", metavar="Q,K,W,S;...",
+    p.add_argument("--triton", action="store_true", help="also time the fused kernel (impl='triton')")
+    p.add_argument("--triton-launches", default="", metavar="Q,K,W,S;...",
                    help="also time the kernel with these block_q, block_k, num_warps, num_stages")
     args = p.parse_args(argv)
     if args.chunk < 1 or args.prompt % args.chunk or args.heads % args.kv_heads:
         p.error(f"--prompt ({args.prompt}) must be a multiple of --chunk ({args.chunk}) and --heads "
                 f"({args.heads}) of --kv-heads ({args.kv_heads})")
     try:
-        launches = [tuple(int(x) for x in item.split(",")) for item in args.pallas_launches.split(";") if item]
+        launches = [tuple(int(x) for x in item.split(",")) for item in args.triton_launches.split(";") if item]
         if any(len(launch) != 4 for launch in launches):
             raise ValueError
     except ValueError:
-        p.error(f"--pallas-launches must be 'Q,K,W,S;...' (four integers each), got {args.pallas_launches!r}")
+        p.error(f"--triton-launches must be 'Q,K,W,S;...' (four integers each), got {args.triton_launches!r}")
     dtype = jnp.dtype(args.dtype)
     kq, kk, kv = jax.random.split(jax.random.PRNGKey(0), 3)
     q = jax.random.normal(kq, (args.batch, args.heads, args.prompt, args.head_dim), dtype)
@@ -107,11 +107,11 @@ def main(argv=None) -> dict:
                 ("all_slots", partial(prefix_attention, key_block=args.prompt), args.prompt)]
     if args.baseline:
         variants.append(("baseline", load_module(args.baseline, "baseline_attention").prefix_attention, args.prompt))
-    if args.pallas:  # the kernel's key tiles: 64 slots where they divide the prompt (as `prefix_attention`)
+    if args.triton:  # the kernel's key tiles: 64 slots where they divide the prompt (as `prefix_attention`)
         tile = key_tile(args.prompt) or 16
-        variants.append(("pallas", partial(prefix_attention, impl="pallas"), tile))
+        variants.append(("triton", partial(prefix_attention, impl="triton"), tile))
     for bq, bk, warps, stages in launches:
-        variants.append((f"pallas_q{bq}_k{bk}_w{warps}_s{stages}",
+        variants.append((f"triton_q{bq}_k{bk}_w{warps}_s{stages}",
                          partial(fused_prefix_attention, block_q=bq, block_k=bk, num_warps=warps, num_stages=stages,
                                  interpret=jax.default_backend() != "gpu"), bk))
     rows = []
@@ -123,10 +123,10 @@ def main(argv=None) -> dict:
                "slots_read": slots_read(args.prompt, args.chunk, key_block)}
         try:
             row["seconds"] = time_in_loop(fn, q, (k, v), iters=1, reps=args.reps, feedback=add_output_sum)
-            if name.startswith("pallas_q"):  # a launch is only a candidate if its output is right too
+            if name.startswith("triton_q"):  # a launch is only a candidate if its output is right too
                 row["rel_diff_last_chunk"] = last_chunk_difference(q, k, v, args.chunk, attend)
         except Exception as err:  # a launch of the sweep that does not compile (registers, shared memory)
-            if not name.startswith("pallas_q"):
+            if not name.startswith("triton_q"):
                 raise
             row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
         rows.append(row)
@@ -136,9 +136,9 @@ def main(argv=None) -> dict:
     blocks = rows[0]["seconds"]
     result = {"environment": environment(), "args": vars(args), "rows": rows,
               "x_blocks": {r["variant"]: r["seconds"] / blocks for r in rows[1:] if "seconds" in r}}
-    if args.pallas:
-        result["pallas_rel_diff"] = last_chunk_difference(q, k, v, args.chunk)
-        print(f"pallas vs blocks, last chunk: relative L2 difference {result['pallas_rel_diff']:.2e}")
+    if args.triton:
+        result["triton_rel_diff"] = last_chunk_difference(q, k, v, args.chunk)
+        print(f"triton vs blocks, last chunk: relative L2 difference {result['triton_rel_diff']:.2e}")
     print("seconds / blocks' seconds: " + ", ".join(f"{k} {v:.2f}x" for k, v in result["x_blocks"].items()))
     write_json(os.path.join(args.out, f"{args.name}.json"), result)
     return result

@@ -116,7 +116,7 @@ def parse_args(argv=None):
                    help="prefill section: run the prompt in chunks of this many tokens (chunked prefill, "
                         "`generate(prefill_chunk=...)`; must divide every --prefill-prefixes); 0: the whole prompt "
                         "in one call")
-    p.add_argument("--chunk-impl", default="auto", choices=("auto", "xla", "pallas"),
+    p.add_argument("--chunk-impl", default="auto", choices=("auto", "xla", "triton"),
                    help="chunked prefill's attention for bf16 and hyquant (their `chunk_impl`): XLA's online "
                         "softmax over key blocks, the fused Pallas kernel (`pallas_kernels/prefix.py`), or auto "
                         "(the library's default: the kernel on a GPU); rows record the one that ran")
@@ -129,7 +129,7 @@ def parse_args(argv=None):
                    help="shard over D*M GPUs: batch over D, weights and KV heads over M (M must divide the 8 KV heads)")
     p.add_argument("--layers", type=int, default=None,
                    help="override the layer count (faster compiles; results then are not the full model's)")
-    from hyquant_jax.attention import BACKENDS  # jax import only: no device is initialised
+    from hyquant_jax.backends import BACKENDS  # jax import only: no device is initialised
 
     p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="HyQuant decode backend (auto: Pallas on GPU; mosaic decodes as pallas)")
@@ -635,7 +635,7 @@ def _chunk_impl_run(attention, config, slots: int) -> str:
 
     impl = getattr(attention, "chunk_impl", "xla")
     if impl == "auto":
-        return "pallas" if fused_chunk_applies(slots, config.head_dim, jnp.bfloat16, False) else "xla"
+        return "triton" if fused_chunk_applies(slots, config.head_dim, jnp.bfloat16, False) else "xla"
     return impl
 
 

@@ -8,7 +8,7 @@ nvdisasm then give the SASS. Set up the tools once with `bash scripts/offline_cu
 
   python benchmarks/mosaic_sass.py decode --out DIR     # pallas_kernels.decode_mgpu.low_bit_splits
   python benchmarks/mosaic_sass.py decode --module .gpu_run/variants/NAME.py --out DIR   # a variant of it
-  python benchmarks/mosaic_sass.py prefill --out DIR    # pallas_kernels.prefill_mgpu, attention.MOSAIC_PREFILL
+  python benchmarks/mosaic_sass.py prefill --out DIR    # pallas_kernels.prefill_mgpu, prefill_launch.MOSAIC_PREFILL
   python benchmarks/mosaic_sass.py stream --config t4 --out DIR   # a benchmarks/stream_probe.py config
   python benchmarks/mosaic_sass.py prefetch|spin --out DIR   # benchmarks/l2_prefetch_probe.py's kernels
 
@@ -122,7 +122,7 @@ def _lower(kernel: str, module_path: str | None = None, pages_per_copy: int = 1,
                  **(dict(wide=True) if wide else {}), **(dict(interleave=True) if interleave else {})}
         fn = jax.jit(lambda *a: dm.low_bit_splits(*a, num_splits=2, stages=2, **extra))
     elif kernel == "prefill":
-        from hyquant_jax.attention import MOSAIC_PREFILL
+        from hyquant_jax.prefill_launch import MOSAIC_PREFILL
         from pallas_kernels.prefill_mgpu import argument_shapes, hybrid_prefill_mgpu
 
         args = argument_shapes(1, 32, 8, 4096, 256, 128)  # Qwen3-8B heads at 4K tokens, as the lowering tests

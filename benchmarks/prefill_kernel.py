@@ -22,7 +22,7 @@ queries attend to: the regime where VL tokens matter), B=1, Hq/Hkv=32/8, D=128:
   hybrid_int8_mgpu_2wg_kv64 two compute warpgroups, 64-key steps, 3 steps in SMEM
   hybrid_int8_mgpu_kernel   the Mosaic GPU kernel alone in the backend="mosaic" setting (glue excluded)
   hybrid_e2e_mosaic   hyquant_jax.prefill_attention(backend="mosaic"): VTI + glue + kernel
-  hybrid_e2e          hyquant_jax.prefill_attention(backend="pallas"): VTI + glue + kernel
+  hybrid_e2e          hyquant_jax.prefill_attention(backend="triton"): VTI + glue + kernel
   vti                 tail queries + vertical_token_identification alone
   cudnn_bf16          jax.nn.dot_product_attention(implementation="cudnn", is_causal=True)
   pallas_mha_bf16     jax.experimental.pallas.ops.gpu.attention.mha (K/V repeated to Hq outside the timing)
@@ -75,7 +75,8 @@ from benchmarks.trace import breakdown, profiled  # noqa: E402
 
 from hyquant_jax import prefill_launch as pk  # noqa: E402
 from hyquant_jax import reference, vti  # noqa: E402
-from hyquant_jax.attention import MOSAIC_PREFILL, prefill_attention  # noqa: E402
+from hyquant_jax.attention import prefill_attention
+from hyquant_jax.prefill_launch import MOSAIC_PREFILL  # noqa: E402
 from hyquant_jax.config import HyQuantConfig  # noqa: E402
 from pallas_kernels import prefill_mgpu as mgpu  # noqa: E402
 

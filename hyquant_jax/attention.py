@@ -1,15 +1,4 @@
-"""Attention entry points: pick a backend and run hybrid decode or prefill.
-
-backend:
-  "auto"      the Pallas kernels on GPU (for prefill the Mosaic kernel where it applies, see
-              `prefill_backend`), the reference elsewhere;
-  "reference" pure jnp (`hyquant_jax.reference`), any device;
-  "pallas"    the compiled Pallas GPU kernels (Triton lowering);
-  "mosaic"    Hopper only: prefill through the Mosaic GPU kernel (`pallas_kernels.prefill_mgpu`,
-              `prefill_block` a multiple of 64; 1.1x-1.3x faster than "pallas" from 8K tokens on
-              the H200), decode as "pallas";
-  "interpret" the Pallas kernel in interpret mode (CPU tests).
-"""
+"""Attention entry points: run hybrid decode or prefill on the backend asked for (`hyquant_jax.backends`)."""
 
 from __future__ import annotations
 
@@ -17,36 +6,10 @@ import jax
 import jax.numpy as jnp
 
 from hyquant_jax import reference
+from hyquant_jax.backends import prefill_backend, resolve_backend
 from hyquant_jax.cache import HybridKVCache, accumulate_ring_scores, append, flush_full_rings
-from hyquant_jax.config import BACKENDS, HyQuantConfig, resolve_backend  # noqa: F401 (re-exported)
+from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.vti import tail_queries, tail_query_count, vertical_token_identification
-
-# The fastest Mosaic GPU prefill setting measured (`benchmarks/results/prefill_mgpu_next_h200_run2.json`,
-# method hybrid_int8_mgpu_2wg_fast_pp): two 64-row compute warpgroups per CTA taking turns at the tensor
-# cores, 128-key steps, approximate exp2, INT8 dots converted by an add and a subtract.
-MOSAIC_PREFILL = dict(compute_wgs=2, block_kv=128, pingpong=True, approx_math=True, magic_convert=True)
-
-
-def is_hopper(device) -> bool:
-    """Whether `device` is a compute-capability-9.x (Hopper) GPU, the one the Mosaic kernels are written for."""
-    return device.platform == "gpu" and str(getattr(device, "compute_capability", "")).startswith("9.")
-
-
-def prefill_backend(backend: str, head_dim: int, config: HyQuantConfig, device=None) -> str:
-    """The backend `prefill_attention` runs: `resolve_backend`, except that "auto" on a Hopper GPU (compute
-    capability 9.x) takes the Mosaic kernel when the config and head_dim fit it (INT8 Q.K, `prefill_block` a
-    multiple of 64, head_dim 64 or 128): it measured 1.1x-1.3x faster than the
-    Triton kernel from 8K tokens on the H200 and 1.08x at 4K. `device`: the device to decide for
-    (default: the first JAX device)."""
-    if backend != "auto":
-        return resolve_backend(backend)
-    device = jax.devices()[0] if device is None else device
-    if device.platform != "gpu":
-        return "reference"
-    from pallas_kernels.prefill_mgpu import BLOCK, HEAD_DIMS
-
-    fits = config.prefill_qk == "int8" and config.prefill_block % BLOCK == 0 and head_dim in HEAD_DIMS
-    return "mosaic" if is_hopper(device) and fits else "pallas"
 
 
 def check_tuning(tuning, name: str = "tuning"):
@@ -140,7 +103,8 @@ def prefill_attention(q, k, v, lengths, config: HyQuantConfig, backend: str = "a
     elif backend == "mosaic":
         from hyquant_jax import prefill_launch
 
-        out = prefill_launch.prefill_attention_mgpu(q, k, v, lengths, *vl, config, scale=scale, **MOSAIC_PREFILL)
+        out = prefill_launch.prefill_attention_mgpu(q, k, v, lengths, *vl, config, scale=scale,
+                                                    **prefill_launch.MOSAIC_PREFILL)
     else:
         from hyquant_jax import prefill_launch
 

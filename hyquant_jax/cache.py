@@ -29,7 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from hyquant_jax import quant
-from hyquant_jax.config import BACKENDS, HyQuantConfig, num_vl_tokens, resolve_backend
+from hyquant_jax.backends import BACKENDS, resolve_backend
+from hyquant_jax.config import HyQuantConfig, num_vl_tokens
 from hyquant_jax.reorder import stable_partition
 from hyquant_jax.vti import vertical_token_identification
 
@@ -460,7 +461,7 @@ def append(
     quantized. flush=False: the caller has already made room with
     `flush_full_rings` (no active ring is full), so the flush is not even
     considered. Called outside jit, it checks capacity on the host first.
-    backend: as `decode_attention`'s; the kernel backends ("auto" on a GPU, "pallas", "mosaic",
+    backend: as `decode_attention`'s; the kernel backends ("auto" on a GPU, "triton", "mosaic",
     "interpret") write the ring's three rows and advance ring_len and length with one Pallas launch
     (`pallas_kernels.cache_write.append_rows`), "reference" with jnp. Both give the same cache bit for bit.
     """

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hyquant_jax.attention import BACKENDS
+from hyquant_jax.backends import BACKENDS
 from hyquant_jax.config import BITS, SCHEMES, HyQuantConfig
 
 

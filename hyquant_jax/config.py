@@ -159,15 +159,3 @@ def num_vl_tokens(prefix_len, rho: Fraction):
     k = (p // den) * num + ((p % den) * num + den - 1) // den
     return jnp.where(p > 0, jnp.minimum(p, jnp.maximum(1, k)), 0)
 
-
-# Attention backends (`hyquant_jax.attention`); `cache.append` takes the same names for its ring writes.
-BACKENDS = ("auto", "reference", "pallas", "mosaic", "interpret")
-
-
-def resolve_backend(backend: str) -> str:
-    """"auto" -> "pallas" on a GPU, "reference" elsewhere; other names of BACKENDS as they are."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "auto":
-        return "pallas" if jax.default_backend() == "gpu" else "reference"
-    return backend

@@ -134,7 +134,7 @@ def use_mosaic_low_bit(cache: HybridKVCache, config: HyQuantConfig, q_heads: int
         raise ValueError(f"DecodeTuning.mosaic_splits must be None or >= 1, got {tuning.mosaic_splits}")
     if tuning.low_bit == "triton":
         return False
-    from hyquant_jax.attention import is_hopper
+    from hyquant_jax.backends import is_hopper
 
     device = jax.devices()[0] if device is None else device
     fits = mosaic_low_bit_fits(cache, config, q_heads)

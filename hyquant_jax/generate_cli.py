@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hyquant_jax.attention import BACKENDS, resolve_backend
+from hyquant_jax.backends import BACKENDS, resolve_backend
 from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.generate import generate, kv_cache_bytes
 from hyquant_jax.model_attention import ATTENTION_KINDS, make_attention

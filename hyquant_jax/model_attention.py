@@ -5,7 +5,7 @@
   tail queries) and freezes each layer right away (`freeze` with the same VL
   set, capacity `max_len`); each decode step is `hyquant_jax.decode_step`
   (append, hybrid attention, ring scores). The attention backend ("auto",
-  "reference", "pallas", "mosaic", "interpret") is passed through to those calls.
+  "reference", "triton", "mosaic", "interpret") is passed through to those calls.
 * `QuantizedCacheAttention`: the dequantize-then-attend baselines. Prefill
   is exact; Freeze quantizes the prompt into a `HybridKVCache` with rho = 0
   (no VL tokens); each decode step appends (flushing full blocks through the
@@ -37,7 +37,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hyquant_jax.attention import BACKENDS, check_tuning, decode_step, prefill_attention
+from hyquant_jax.attention import check_tuning, decode_step, prefill_attention
+from hyquant_jax.backends import BACKENDS
 from hyquant_jax.cache import (
     HybridKVCache,
     append,

@@ -36,6 +36,10 @@ from pallas_kernels import prefill_mgpu as _mgpu
 
 LOG2E = _kernel.LOG2E
 PV_FORMATS = ("bf16", "fp8")
+# The Mosaic prefill kernel's launch: two 64-row compute warpgroups per CTA taking turns at the tensor cores,
+# 128-key steps, approximate exp2, INT8 dots converted by an add and a subtract: the fastest setting measured
+# on the H200 (docs/design.md, "Prefill kernels").
+MOSAIC_PREFILL = dict(compute_wgs=2, block_kv=128, pingpong=True, approx_math=True, magic_convert=True)
 
 
 def default_blocks(head_dim: int, prefill_block: int) -> tuple[int, int, int, int]:

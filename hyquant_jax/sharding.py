@@ -358,7 +358,7 @@ class ShardedAttention:
     state arrays really are identical over "model". Pallas calls may not
     carry that typing, so by default (None) it is off for kernel backends
     and for chunked prefill through the fused chunk kernel (`chunk_impl`
-    "pallas", or "auto" on a GPU).
+    "triton", or "auto" on a GPU).
     """
 
     inner: Any
@@ -383,10 +383,10 @@ class ShardedAttention:
         if self.check_vma is not None:
             return self.check_vma
         backends = [getattr(self.inner, "backend", "reference"), getattr(self.inner, "prefill_backend", None)]
-        from hyquant_jax.attention import resolve_backend
+        from hyquant_jax.backends import resolve_backend
 
         chunks = getattr(self.inner, "chunk_impl", "xla")
-        fused_chunks = chunks == "pallas" or (chunks == "auto" and jax.default_backend() == "gpu")
+        fused_chunks = chunks == "triton" or (chunks == "auto" and jax.default_backend() == "gpu")
         return not fused_chunks and all(b is None or resolve_backend(b) == "reference" for b in backends)
 
     def _check(self, q, k):

@@ -190,15 +190,15 @@ def prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array,
     of a 128K prompt would hold 34 GB. As in `grouped_attention`, the probabilities are cast to v.dtype for
     the PV product unless f32_probs, and a row without a visible key gives 0. Returns [B, Hq, T, D] in q.dtype.
 
-    impl "pallas": the same attention as one fused kernel (`pallas_kernels.prefix`, flash attention whose
+    impl "triton": the same attention as one fused kernel (`pallas_kernels.prefix`, flash attention whose
     logits stay in registers; Pallas interpret mode off the GPU; key tiles of 64 slots, or 32 or 16 where
-    they divide S); S must be a multiple of 16, f32_probs off unless v is float32. impl "auto": "pallas"
+    they divide S); S must be a multiple of 16, f32_probs off unless v is float32. impl "auto": "triton"
     where `fused_chunk_applies`, else "xla".
     """
     check_chunk_impl("prefix_attention: impl", impl)
     if impl == "auto":
-        impl = "pallas" if fused_chunk_applies(k.shape[2], q.shape[3], v.dtype, f32_probs) else "xla"
-    if impl == "pallas":
+        impl = "triton" if fused_chunk_applies(k.shape[2], q.shape[3], v.dtype, f32_probs) else "xla"
+    if impl == "triton":
         from pallas_kernels.prefix import key_tile
         from pallas_kernels.prefix import prefix_attention as fused
 
@@ -207,7 +207,7 @@ def prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array,
                              "takes v.dtype)")
         tile = key_tile(k.shape[2])
         if tile is None:
-            raise ValueError(f"prefix_attention: impl='pallas' needs the key slots S={k.shape[2]} to be a multiple "
+            raise ValueError(f"prefix_attention: impl='triton' needs the key slots S={k.shape[2]} to be a multiple "
                              f"of 16 (for chunked prefill: prefill_chunk a multiple of 16)")
         return fused(q, k, v, jnp.asarray(q_pos), block_k=tile, interpret=jax.default_backend() != "gpu")
     b, hq, t, d = q.shape
@@ -259,7 +259,7 @@ def prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array,
     return out.transpose(1, 2, 0, 3, 4).reshape(b, hq, n * block, -1)[:, :, :t]
 
 
-CHUNK_IMPLS = ("auto", "xla", "pallas")
+CHUNK_IMPLS = ("auto", "xla", "triton")
 
 
 def check_chunk_impl(name: str, value: str) -> None:
@@ -383,7 +383,7 @@ class BF16Attention:
     chunk_impl: chunked prefill's attention (`prefix_attention`'s impl): "auto" (the fused kernel where
       `fused_chunk_applies`, i.e. on a GPU; 2.3x faster end to end over a 32K prompt's 2048-token chunks on
       the H200, benchmarks/results/e2e_chunked_prefill_{pallas,xla}.json), "xla" (online softmax over key
-      blocks) or "pallas" (the fused kernel, in interpret mode off the GPU).
+      blocks) or "triton" (the fused kernel, in interpret mode off the GPU).
     cache_dtype: storage dtype (None: the dtype of k, e.g. bf16).
     f32_probs: PV product in float32 (see `grouped_attention`); None: only
       off-GPU, where it matches the numerics of the jnp reference backends
@@ -417,7 +417,7 @@ class BF16Attention:
     def _chunk_f32(self) -> bool:
         """f32_probs for chunked prefill: the fused kernel takes P.V in v.dtype unless f32_probs is set ("auto"
         keeps the XLA path's choice and so takes the kernel only where that is off)."""
-        return bool(self.f32_probs) if self.chunk_impl == "pallas" else self._f32()
+        return bool(self.f32_probs) if self.chunk_impl == "triton" else self._f32()
 
     def prefill_state(self, config, batch, prompt_len, max_len, dtype, whole):
         dtype = self.cache_dtype or dtype

@@ -22,7 +22,7 @@ from models.config import ModelConfig
 from models.layers import apply_rope, rms_norm, rope_cos_sin, swiglu
 from pallas_kernels.norm_rope import add_rms_norm, fits, qk_norm_rope
 
-LAYER_KERNELS = ("auto", "xla", "pallas", "interpret")
+LAYER_KERNELS = ("auto", "xla", "triton", "interpret")
 _LAYER_FIELDS = ["attn_norm", "wqkv", "wo", "bqkv", "q_norm", "k_norm", "mlp_norm", "w_gate", "w_up", "w_down"]
 
 
@@ -228,12 +228,12 @@ def _attention_block(layer: LayerParams, i: int, h, cos, sin, state, ctx, config
 
 
 def layer_kernels(mode: str, ctx: PrefillContext | DecodeContext, config: ModelConfig) -> str:
-    """How a forward call runs its norms and RoPE: "xla" (jnp, `models.layers`), "pallas" or "interpret"
+    """How a forward call runs its norms and RoPE: "xla" (jnp, `models.layers`), "triton" or "interpret"
     (`pallas_kernels.norm_rope`: one launch per residual add + RMSNorm and one for the q/k norms + RoPE of a
     layer; decode steps only, where these ~6 small XLA kernels a layer cost ~1.1-1.8 us each).
 
     mode: "auto" (pallas on a GPU for a decode step whose hidden size and head_dim are powers of two, else
-    xla), "xla", "pallas" (decode steps only; raises where the shapes do not fit) or "interpret" (the same
+    xla), "xla", "triton" (decode steps only; raises where the shapes do not fit) or "interpret" (the same
     kernels in Pallas interpret mode, for tests on CPU).
     """
     if mode not in LAYER_KERNELS:
@@ -242,7 +242,7 @@ def layer_kernels(mode: str, ctx: PrefillContext | DecodeContext, config: ModelC
     if mode == "xla" or not isinstance(ctx, DecodeContext):
         return "xla"
     if mode == "auto":
-        return "pallas" if jax.default_backend() == "gpu" and shapes_fit else "xla"
+        return "triton" if jax.default_backend() == "gpu" and shapes_fit else "xla"
     if not shapes_fit:
         raise ValueError(f"layer_kernels={mode!r} needs hidden_size and head_dim powers of two >= 32, got "
                          f"{config.hidden_size} and {config.head_dim}")

@@ -330,7 +330,7 @@ def hybrid_prefill_mgpu(meta, q, qq, qrow, qbias, kq, ks, vq, vsc, kvl, vvl, k, 
     key stream that covers the segments of all its blocks, each block masking what is not its own
     (prefill_block any multiple of 64). `stages` key steps of `block_kv` keys are in SMEM at once. With two
     compute warpgroups `pingpong` makes them alternate at the tensor cores (7-8% faster on the H200 with approx_math and
-    magic_convert: `attention.MOSAIC_PREFILL`). `approx_math`: approximate exp2 (Mosaic GPU's compiler
+    magic_convert: `prefill_launch.MOSAIC_PREFILL`). `approx_math`: approximate exp2 (Mosaic GPU's compiler
     option). `skip_masks`: steps whose keys are all valid for every row skip the mask (False masks every
     step, as before).
     `magic_convert`: the int32 Q.K dots become float32 by an integer add and a float subtract instead of a

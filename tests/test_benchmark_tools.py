@@ -192,7 +192,7 @@ def test_e2e_in_place_times_decode_in_place(monkeypatch):
 
 def test_e2e_prefill_chunk_times_chunked_prefill():
     """e2e.py --prefill-chunk times `generate.prefill` in chunks of that size (the row says which), for the bf16
-    baseline and hyquant, each chunk's attention through XLA or (--chunk-impl pallas) the fused kernel; a chunk
+    baseline and hyquant, each chunk's attention through XLA or (--chunk-impl triton) the fused kernel; a chunk
     that does not divide a prompt length is an argument error."""
     import jax
     import jax.numpy as jnp
@@ -208,11 +208,11 @@ def test_e2e_prefill_chunk_times_chunked_prefill():
         assert attention.chunk_impl == "auto"  # the library's default, the XLA path off the GPU
         row = e2e._prefill_config(args, params, config, attention, method, 256)
         assert (row["chunk"], row["prefix"], row["chunk_impl"]) == (128, 256, "xla") and row["seconds"] > 0
-    fused = e2e.parse_args(["--smoke", "--sections", "prefill", "--prefill-chunk", "128", "--chunk-impl", "pallas"])
+    fused = e2e.parse_args(["--smoke", "--sections", "prefill", "--prefill-chunk", "128", "--chunk-impl", "triton"])
     for method in ("bf16", "hyquant"):
         attention, _ = e2e._attention(fused, method)
-        assert attention.chunk_impl == "pallas"
-    assert e2e._prefill_config(fused, params, config, attention, "hyquant", 256)["chunk_impl"] == "pallas"
+        assert attention.chunk_impl == "triton"
+    assert e2e._prefill_config(fused, params, config, attention, "hyquant", 256)["chunk_impl"] == "triton"
     whole = e2e.parse_args(["--smoke", "--sections", "prefill"])
     assert e2e._prefill_config(whole, params, config, e2e._attention(whole, "bf16")[0], "bf16", 256)["chunk"] == 256
     for bad in ("100", "-1"):
@@ -234,16 +234,16 @@ def test_chunked_prefill_attention_benchmark(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cpa.main(["--out", str(tmp_path), "--name", "t", "--heads", "2", "--kv-heads", "1", "--head-dim", "16",
               "--prompt", "64", "--chunk", "16", "--dtype", "float32", "--reps", "1",
-              "--baseline", os.path.join(root, "models", "attention.py"), "--pallas",
-              "--pallas-launches", "16,16,4,2;24,16,4,2"])
+              "--baseline", os.path.join(root, "models", "attention.py"), "--triton",
+              "--triton-launches", "16,16,4,2;24,16,4,2"])
     result = json.load(open(tmp_path / "t.json"))
-    assert [r["variant"] for r in result["rows"]] == ["blocks", "all_slots", "baseline", "pallas",
-                                                      "pallas_q16_k16_w4_s2", "pallas_q24_k16_w4_s2"]
+    assert [r["variant"] for r in result["rows"]] == ["blocks", "all_slots", "baseline", "triton",
+                                                      "triton_q16_k16_w4_s2", "triton_q24_k16_w4_s2"]
     assert all(r["seconds"] > 0 for r in result["rows"][:-1]) and result["environment"]["jax"]
     assert "block_q must be a power of two" in result["rows"][-1]["error"]  # a failed launch: recorded, run goes on
-    assert result["pallas_rel_diff"] < 1e-5  # float32: the kernel and the XLA path agree to rounding
+    assert result["triton_rel_diff"] < 1e-5  # float32: the kernel and the XLA path agree to rounding
     assert result["rows"][-2]["rel_diff_last_chunk"] < 1e-5  # each launch of the sweep is checked as well
-    for bad in (["--prompt", "100", "--chunk", "16"], ["--pallas-launches", "64,64,4"]):
+    for bad in (["--prompt", "100", "--chunk", "16"], ["--triton-launches", "64,64,4"]):
         with pytest.raises(SystemExit):
             cpa.main(bad)
 

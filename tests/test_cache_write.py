@@ -192,7 +192,7 @@ def test_gpu_append_rows_matches_oracle(batch, heads, slots, widths):
 @pytest.mark.gpu
 @pytest.mark.parametrize("promote", [False, True])
 def test_gpu_append_kernel_equals_reference(promote):
-    _append_paths_agree("pallas", 40, promote)
+    _append_paths_agree("triton", 40, promote)
 
 
 @pytest.mark.gpu

@@ -70,7 +70,7 @@ def test_generate_on_a_tiny_gguf(tiny_gguf, tmp_path, capsys):
     result = json.loads(out.read_text())
     assert 0.0 <= result["agreement_with_bf16"] <= 1.0
     assert len(result["runs"]["hyquant"]["tokens"]) == 2
-    assert result["backend"] == ("pallas" if jax.default_backend() == "gpu" else "reference")
+    assert result["backend"] == ("triton" if jax.default_backend() == "gpu" else "reference")
 
 
 def test_generate_on_a_tiny_qwen3_gguf(tmp_path, capsys):

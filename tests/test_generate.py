@@ -92,12 +92,12 @@ def test_hyquant_equals_bf16_when_nothing_is_quantized(params, prompts, hq):
     assert int(cache.page_count.sum()) == 0  # no token went to the low-bit region
 
 
-@pytest.mark.parametrize("kind", ["bf16", "hyquant_exact_prefill", "kivi4", "bf16_pallas", "hyquant_pallas"])
+@pytest.mark.parametrize("kind", ["bf16", "hyquant_exact_prefill", "kivi4", "bf16_triton", "hyquant_triton"])
 def test_chunked_prefill_matches_whole_prompt(params, prompts, kind):
     """Chunks of 32 give the whole prompt's tokens and caches, with each chunk's attention through XLA or
-    (`_pallas`, `chunk_impl="pallas"`) the fused kernel in interpret mode."""
+    (`_triton`, `chunk_impl="triton"`) the fused kernel in interpret mode."""
     hq = dataclasses.replace(SMALL_HQ, prefill_qk="bf16")  # hybrid prefill then equals exact attention
-    impl = "pallas" if kind.endswith("_pallas") else "xla"
+    impl = "triton" if kind.endswith("_triton") else "xla"
     if kind.startswith("hyquant"):
         attn = HybridAttention(hq, chunk_impl=impl)
     else:
@@ -424,7 +424,7 @@ def test_gpu_decode_loops_on_the_device_match_the_host_loops(monkeypatch, kind):
     params = init_params(jax.random.PRNGKey(5), config, jnp.bfloat16)
     rng = np.random.default_rng(6)
     prompts = [rng.integers(0, config.vocab_size, n).tolist() for n in (411, 333)]
-    attn = BF16Attention() if kind == "bf16" else make_attention("hyquant", HyQuantConfig(), backend="pallas")
+    attn = BF16Attention() if kind == "bf16" else make_attention("hyquant", HyQuantConfig(), backend="triton")
     mosaic_calls = []
     monkeypatch.setattr(decode_launch, "MOSAIC_MIN_PAGES", 1)
     real = decode_mgpu.low_bit_splits

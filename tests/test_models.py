@@ -221,10 +221,10 @@ def test_layer_kernels_mode():
     pctx = PrefillContext(jnp.int32(0), jnp.ones((1,), jnp.int32), 4, whole=True)
     assert layer_kernels("interpret", dctx, POW2) == "interpret"
     assert layer_kernels("interpret", pctx, POW2) == "xla"  # prefill chunks always run the XLA ops
-    assert layer_kernels("auto", dctx, POW2) == ("pallas" if jax.default_backend() == "gpu" else "xla")
+    assert layer_kernels("auto", dctx, POW2) == ("triton" if jax.default_backend() == "gpu" else "xla")
     assert layer_kernels("auto", dctx, TINY) == "xla"  # hidden size 48: not a power of two
     with pytest.raises(ValueError, match="powers of two"):
-        layer_kernels("pallas", dctx, TINY)
+        layer_kernels("triton", dctx, TINY)
     with pytest.raises(ValueError, match="layer_kernels must be one of"):
         layer_kernels("triton", dctx, POW2)
 
@@ -395,7 +395,7 @@ def test_gpu_decode_step_layer_kernels_match_xla(qk_norm):
     step = jax.jit(lambda s, kernels: forward(params, tokens[:, p:], dctx, s, config=config, attention=attn,
                                               kernels=kernels), static_argnums=1)
     xla, xla_states = step(states, "xla")
-    fused, fused_states = step(states, "pallas")
+    fused, fused_states = step(states, "triton")
     scale = float(jnp.abs(xla).max())
     np.testing.assert_allclose(np.asarray(fused), np.asarray(xla), rtol=0, atol=3e-2 * scale)
     for a, c in zip(jax.tree_util.tree_leaves(fused_states), jax.tree_util.tree_leaves(xla_states)):

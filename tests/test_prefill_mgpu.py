@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from hyquant_jax.attention import MOSAIC_PREFILL
+from hyquant_jax.prefill_launch import MOSAIC_PREFILL
 from pallas_kernels.prefill_mgpu import argument_shapes, hybrid_prefill_mgpu
 from tests.helpers.mgpu_interpret_cases import _cfg, _run
 from tests.test_prefill import TOL, check_output
@@ -53,7 +53,7 @@ SHARDED_LOWERING = """
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 from hyquant_jax import prefill_launch as pk
-from hyquant_jax.attention import MOSAIC_PREFILL
+from hyquant_jax.prefill_launch import MOSAIC_PREFILL
 from hyquant_jax.config import HyQuantConfig
 mesh = Mesh(np.array(jax.devices()[:2]), ("model",))
 attend = lambda *a: pk.prefill_attention_mgpu(*a, HyQuantConfig(), **MOSAIC_PREFILL)
@@ -129,13 +129,13 @@ def test_gpu_matches_reference(name, shape, lengths, config, vl_source, kernel):
 def test_gpu_auto_backend_is_the_mosaic_kernel_on_hopper():
     """On the H200, "auto" prefill with a config the Mosaic setting fits runs that kernel: the same output, bit
     for bit, as backend="mosaic" (and the VL set of the same VTI)."""
-    from hyquant_jax import attention
+    from hyquant_jax import backends
 
     device = jax.devices()[0]
-    if not attention.is_hopper(device):
+    if not backends.is_hopper(device):
         pytest.skip(f"not a Hopper GPU: {device.device_kind}")
     config = _cfg(window=128, prefill_block=64, rho=0.05)
-    assert attention.prefill_backend("auto", 128, config) == "mosaic"
+    assert backends.prefill_backend("auto", 128, config) == "mosaic"
     keys = jax.random.split(jax.random.PRNGKey(7), 3)
     q = jax.random.normal(keys[0], (2, 8, 700, 128), jnp.bfloat16)
     k = jax.random.normal(keys[1], (2, 2, 700, 128), jnp.bfloat16)

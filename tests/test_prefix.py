@@ -74,7 +74,7 @@ def test_interpret_reads_no_tile_past_the_block():
 
 def test_interpret_bf16_matches_xla_path():
     """bf16 inputs (P.V in bf16 in both): the kernel and `models.prefix_attention(impl="xla")` agree to bf16
-    rounding, and `impl="pallas"` runs the kernel."""
+    rounding, and `impl="triton"` runs the kernel."""
     rng = np.random.default_rng(5)
     q, k, v = (jnp.asarray(a, jnp.bfloat16) for a in _inputs(rng, 1, 4, 2, 48, 128, 32))
     q_pos = 60 + jnp.arange(48, dtype=jnp.int32)
@@ -84,7 +84,7 @@ def test_interpret_bf16_matches_xla_path():
     err = np.linalg.norm(np.asarray(got, np.float32) - np.asarray(want, np.float32)) / np.linalg.norm(
         np.asarray(want, np.float32))
     assert err < 1e-2, err
-    via = xla_prefix_attention(q, k, v, q_pos, impl="pallas")
+    via = xla_prefix_attention(q, k, v, q_pos, impl="triton")
     np.testing.assert_allclose(np.asarray(via, np.float32), np.asarray(want, np.float32), rtol=5e-2, atol=5e-2)
 
 
@@ -106,11 +106,11 @@ def test_bad_inputs_name_the_argument():
         prefix_attention(q, kv, jnp.zeros((1, 2, 16, 16)), pos, interpret=True)
     half = kv.astype(jnp.bfloat16)
     with pytest.raises(ValueError, match="f32_probs with a non-float32 v needs impl='xla'"):
-        xla_prefix_attention(q.astype(jnp.bfloat16), half, half, pos, f32_probs=True, impl="pallas")
+        xla_prefix_attention(q.astype(jnp.bfloat16), half, half, pos, f32_probs=True, impl="triton")
     with pytest.raises(ValueError, match="impl must be one of"):
         xla_prefix_attention(q, kv, kv, pos, impl="cudnn")
     with pytest.raises(ValueError, match="key slots S=40 to be a multiple of 16"):
-        xla_prefix_attention(q, jnp.zeros((1, 2, 40, 16)), jnp.zeros((1, 2, 40, 16)), pos, impl="pallas")
+        xla_prefix_attention(q, jnp.zeros((1, 2, 40, 16)), jnp.zeros((1, 2, 40, 16)), pos, impl="triton")
 
 
 def test_auto_takes_the_kernel_only_where_it_applies(monkeypatch):

@@ -394,37 +394,6 @@ def test_prefill_attention_names_bad_arguments_before_any_work():
 # --------------------------------------------------------------------------- attention.py entry points
 
 
-def test_backend_resolution():
-    assert attention.resolve_backend("reference") == "reference"
-    assert attention.resolve_backend("auto") in ("reference", "pallas")
-    with pytest.raises(ValueError, match="backend"):
-        attention.resolve_backend("cuda")
-
-
-def test_auto_prefill_backend_takes_the_mosaic_kernel_only_where_it_applies():
-    """"auto" prefill: the Mosaic kernel on a Hopper GPU when config and head_dim fit its setting, the Triton
-    kernel on other GPUs or configs, the reference off GPU; explicit backends are kept."""
-    from types import SimpleNamespace
-
-    h200 = SimpleNamespace(platform="gpu", compute_capability="9.0")
-    a100 = SimpleNamespace(platform="gpu", compute_capability="8.0")
-    cpu = SimpleNamespace(platform="cpu")
-    fits = config(window=128, prefill_block=128)
-    assert attention.prefill_backend("auto", 128, fits, h200) == "mosaic"
-    assert attention.prefill_backend("auto", 64, fits, h200) == "mosaic"
-    assert attention.prefill_backend("auto", 256, fits, h200) == "pallas"  # head_dim the kernel lacks
-    assert attention.prefill_backend("auto", 128, config(window=128, prefill_block=64), h200) == "mosaic"
-    assert attention.prefill_backend("auto", 128, config(window=128, prefill_block=32), h200) == "pallas"
-    assert attention.prefill_backend("auto", 128, config(window=128, prefill_block=128, prefill_qk="fp8"),
-                                     h200) == "pallas"
-    assert attention.prefill_backend("auto", 128, fits, a100) == "pallas"
-    assert attention.prefill_backend("auto", 128, fits, cpu) == "reference"
-    assert attention.prefill_backend("pallas", 128, fits, h200) == "pallas"
-    assert attention.prefill_backend("reference", 128, fits, h200) == "reference"
-    with pytest.raises(ValueError, match="backend"):
-        attention.prefill_backend("cuda", 128, fits, h200)
-
-
 def test_decode_step_and_prefill_attention_entry_points():
     cfg = config(window=16, block_size=16, rho=0.2, scheme="token_asym")
     gen = rng(20)

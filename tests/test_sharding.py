@@ -178,7 +178,7 @@ def test_one_device_mesh_generate_equals_plain_generate():
     assert sharding.ShardedAttention(make_attention("hyquant", backend="reference"), mesh)._vma() is True
     # the fused chunk kernel is a Pallas call too: no replication check with it (auto takes it on a GPU only)
     on_gpu = jax.default_backend() == "gpu"
-    for impl, vma in (("pallas", False), ("xla", True), ("auto", not on_gpu)):
+    for impl, vma in (("triton", False), ("xla", True), ("auto", not on_gpu)):
         assert sharding.ShardedAttention(BF16Attention(chunk_impl=impl), mesh)._vma() is vma, impl
         hybrid = dataclasses.replace(make_attention("hyquant", backend="reference"), chunk_impl=impl)
         assert sharding.ShardedAttention(hybrid, mesh)._vma() is vma, impl
@@ -196,7 +196,7 @@ def test_cli_mesh_errors(capsys):
 
 
 def _hopper_pair() -> bool:
-    from hyquant_jax.attention import is_hopper
+    from hyquant_jax.backends import is_hopper
 
     devices = [d for d in jax.devices() if d.platform == "gpu"]
     return len(devices) >= 2 and all(is_hopper(d) for d in devices[:2])

@@ -50,8 +50,8 @@ CASES = {
     "hyquant-data1-model4": ("hyquant", "data=1,model=4", {}),
     "hyquant-chunked-data2-model2": ("hyquant", "data=2,model=2", {"prefill_chunk": 32}),
     # the fused chunked-prefill kernel (pallas_kernels.prefix, interpret mode here) inside the sharded prefill
-    "bf16-chunked-pallas-data2-model2": ("bf16-pallas", "data=2,model=2", {"prefill_chunk": 32}),
-    "hyquant-chunked-pallas-data2-model2": ("hyquant-pallas", "data=2,model=2", {"prefill_chunk": 32}),
+    "bf16-chunked-triton-data2-model2": ("bf16-triton", "data=2,model=2", {"prefill_chunk": 32}),
+    "hyquant-chunked-triton-data2-model2": ("hyquant-triton", "data=2,model=2", {"prefill_chunk": 32}),
     "kivi4-data2-model2": ("kivi4", "data=2,model=2", {}),
     "interpret-data2-model2": ("hyquant-interpret", "data=2,model=2", {}),
     "cli-data2-model2": ("cli", "data=2,model=2", {}),
@@ -62,9 +62,9 @@ CASES = {
 def _attention(kind: str):
     if kind == "hyquant-interpret":
         return make_attention("hyquant", HQ, backend="interpret")
-    if kind.endswith("-pallas"):  # chunks attended by the fused kernel
-        return dataclasses.replace(make_attention(kind.removesuffix("-pallas"), HQ, backend="reference"),
-                                   chunk_impl="pallas")
+    if kind.endswith("-triton"):  # chunks attended by the fused kernel
+        return dataclasses.replace(make_attention(kind.removesuffix("-triton"), HQ, backend="reference"),
+                                   chunk_impl="triton")
     return make_attention(kind, HQ, backend="reference")
 
 
