@@ -34,8 +34,8 @@ Prefills are shared: bf16, the quantized baselines and hyquant_k4v4_exact_prefil
 serves all of them), the three HyQuant bit widths share one hybrid prefill; each method then runs its own
 Freeze and decode.
 --quick runs a reduced version in a few minutes (the CI test). The full default sizes are what 2 CPU cores
-finish in about 42 min; the JSON lists every reduction against the issue's specification. --spec runs
-the specification's sizes (on one H200: benchmarks/gpu_accuracy.sh, with --dtype float32 as on CPU).
+finish in about 42 min; the JSON lists every reduction against the full specification (SPEC). --spec runs
+the specification's sizes (on one H200: `bash benchmarks/gpu.sh accuracy`, with --dtype float32 as on CPU).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ PREFILL_CHUNK = 512  # query rows per causal prefill chunk: hyquant_jax.evaluati
 
 @dataclasses.dataclass(frozen=True)
 class Sizes:
-    """How much of each section to run. FULL takes ~42 min on 2 CPU cores; SPEC is what the issue asks (--spec)."""
+    """How much of each section to run. FULL takes ~42 min on 2 CPU cores; SPEC is the full specification (--spec)."""
 
     coverage_lengths: tuple[int, ...] = (2048, 8192)
     coverage_windows: int = 2
@@ -171,13 +171,15 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     profile = p.add_mutually_exclusive_group()
     profile.add_argument("--quick", action="store_true", help="reduced sizes (a few minutes; what CI runs)")
-    profile.add_argument("--spec", action="store_true", help="the issue's specification (SPEC; sized for a GPU)")
+    profile.add_argument("--spec", action="store_true", help="the full specification (SPEC; sized for a GPU)")
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)}")
     p.add_argument("--model", default=None, help="HF folder or .gguf (default: SmolLM2-135M-Instruct Q4_1 GGUF)")
     p.add_argument("--wikitext", type=Path, default=DEFAULT_WIKITEXT, help="WikiText-2 raw test file")
     p.add_argument("--essays", type=Path, default=DEFAULT_ESSAYS, help="folder of Paul Graham essays (*.txt)")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "accuracy_smollm2.json",
-                   help="result JSON; the PNGs go next to it with the same stem")
+    p.add_argument("--out", type=Path, default=None,
+                   help="result JSON, or a folder for the canonical name; the PNGs go next to it with the same stem "
+                        "(default: benchmarks/results/accuracy_<device>.json, accuracy_retrieval_<device>.json for "
+                        "the retrieval section alone; a temporary folder with --quick)")
     p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
                    help="weights and activations (auto: float32 on CPU, bfloat16 on GPU); KV caches are bf16")
     p.add_argument("--seed", type=int, default=0, help="seed of the retrieval samples")
@@ -237,7 +239,7 @@ def sizes_from_args(args) -> Sizes:
 
 
 def reductions(sizes: Sizes) -> list[str]:
-    """Where these sizes fall short of the issue's specification (SPEC)."""
+    """Where these sizes fall short of the full specification (SPEC)."""
     out = []
     for field in dataclasses.fields(Sizes):
         have, want = getattr(sizes, field.name), getattr(SPEC, field.name)
@@ -879,7 +881,8 @@ def greedy_section(params, model_cfg, tokenizer, haystack, sizes: Sizes, cache_d
 
 
 def targets(result: dict) -> dict:
-    """The issue's three targets, evaluated from the result (None where a section did not run)."""
+    """The accuracy targets (perplexity within 1% of bf16, retrieval within 2 points of bf16, operator MSE at most
+    a quarter of uniform 4-bit's), evaluated from the result (None where a section did not run)."""
     out = {}
     ppl = result.get("perplexity", {}).get("methods", {})
     if "hyquant_k4v4" in ppl and "bf16" in ppl:
@@ -928,7 +931,7 @@ def summary_markdown(result: dict) -> str:
                 f"({', '.join(s for s in result['sections'] if s not in merged['sections'])})")
     hardware = "2 CPU cores" if env.get("platform", "cpu") == "cpu" else f"one {env.get('device', 'GPU')}"
     wall = "longest run" if combined else "wall time"
-    lines = ["### Accuracy on SmolLM2-135M-Instruct (`benchmarks/accuracy.py`, issue 6)", "",
+    lines = ["### Accuracy on SmolLM2-135M-Instruct (`benchmarks/accuracy.py`)", "",
              f"{env.get('device', '?')}, jax {env.get('jax', '?')}, {env.get('date', '?')[:10]}, {runs}, "
              f"{wall} {result.get('wall_s', 0) / 60:.0f} min on {hardware}; file "
              f"`{result.get('out', 'benchmarks/results/accuracy_smollm2.json')}`. All methods run through the same "
@@ -940,7 +943,7 @@ def summary_markdown(result: dict) -> str:
             lines += fn(result[key]) + [""]
     lines += _md_targets(result.get("targets", {}))
     if result.get("reduced"):
-        lines += ["", f"Reduced against the issue's specification to fit {hardware}: "
+        lines += ["", f"Reduced against the full specification (SPEC) to fit {hardware}: "
                   + "; ".join(result["reduced"]) + "."]
     return "\n".join(lines)
 
@@ -1166,6 +1169,16 @@ def finish(result: dict, out: Path) -> None:
     _write(out, result)
 
 
+def default_out(sections, quick: bool, folder: Path | None = None) -> Path:
+    """The canonical result file of a run on this device, in `folder` (default: benchmarks/results, a temporary
+    folder with --quick): accuracy_<device>.json, or accuracy_retrieval_<device>.json for the retrieval section
+    alone."""
+    from benchmarks.common import default_name, output_folder
+
+    name = default_name("accuracy_retrieval" if list(sections) == ["retrieval"] else "accuracy")
+    return Path(output_folder(None if folder is None else str(folder), smoke=quick)) / f"{name}.json"
+
+
 def run(args, sizes: Sizes) -> dict:
     import jax
     import jax.numpy as jnp
@@ -1184,6 +1197,8 @@ def run(args, sizes: Sizes) -> dict:
         require_dir(args.essays, "--essays")
     cache_dtype = jnp.bfloat16
     model_cfg, params, tokenizer = load_model(args.model, _compute_dtype(args.dtype))
+    if args.out is None or args.out.is_dir():
+        args.out = default_out(args.sections, args.quick, args.out)
     stem = args.out.with_suffix("")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     result = {"env": environment(), "out": _rel(args.out), "quick": args.quick, "sections": list(args.sections),
@@ -1257,7 +1272,7 @@ def main(argv=None) -> int:
             print(summary_markdown(json.loads(args.summary_only.read_text())))
             return 0
         if args.combine_retrieval:
-            result = combine_files(args.combine_retrieval, args.out)
+            result = combine_files(args.combine_retrieval, args.out or default_out(["retrieval"], False))
             print(result["summary_markdown"])
             return 0
         if args.rebuild is not None:

@@ -6,11 +6,11 @@ staged keys with `models.prefix_attention`. The ways to compute it, timed in one
 
   blocks     key blocks of `models.attention.KEY_BLOCK` slots, up to the block holding the chunk's last
              position (what `prefix_attention` does);
-  all_slots  one key block of all --prompt slots for every chunk, the visible ones masked (the work of the
-             version before session 49, with this version's online softmax);
+  all_slots  one key block of all --prompt slots for every chunk, the visible ones masked (what a chunked
+             prefill that reads every slot does, with this version's online softmax);
   baseline   with --baseline FILE: `prefix_attention` of another version of `models/attention.py`, e.g.
-             the one before session 49 (`git show 7cbf3c9:models/attention.py > /tmp/attention_s48.py`);
-  pallas     with --triton: `prefix_attention(impl="triton")`, the fused kernel of `pallas_kernels.prefix`
+             `git show 7cbf3c9:models/attention.py > /tmp/attention_old.py`;
+  triton     with --triton: `prefix_attention(impl="triton")`, the fused kernel of `pallas_kernels.prefix`
              (GPU; Pallas interpret mode elsewhere, slow). Its relative L2 difference from `blocks` on the
              last chunk is recorded (`triton_rel_diff`);
   triton_qQ_kK_wW_sS  with --triton-launches "Q,K,W,S;...": the kernel with block_q Q, block_k K, W warps and
@@ -20,7 +20,7 @@ Reports seconds for the whole prompt (one layer; median of --reps timed calls af
 the key slots each way reads, summed over chunks (for the kernel, whose query blocks stop at their own last
 position, an upper bound). A launch of the sweep that fails records its error and the run goes on.
 
-  PYTHONPATH=. python benchmarks/chunked_prefill_attention.py --out benchmarks/results --name NAME
+  PYTHONPATH=. python benchmarks/chunked_prefill_attention.py --triton --out benchmarks/results
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import add_output_sum, environment, load_module, time_in_loop, write_json  # noqa: E402
+from benchmarks.common import (add_output_sum, default_name, environment, load_module, output_folder,  # noqa: E402
+                               time_in_loop, write_json)
 from models.attention import KEY_BLOCK, prefix_attention  # noqa: E402
 from pallas_kernels.prefix import key_tile  # noqa: E402
 from pallas_kernels.prefix import prefix_attention as fused_prefix_attention  # noqa: E402
@@ -73,8 +74,8 @@ def last_chunk_difference(q, k, v, chunk: int, attend=partial(prefix_attention, 
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="benchmarks/results")
-    p.add_argument("--name", default="chunked_prefill_attention")
+    p.add_argument("--out", default=None, help="folder for the JSON (default: benchmarks/results)")
+    p.add_argument("--name", default=None, help="JSON file stem (default: chunked_prefill_attention_<device>)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=32, help="query heads")
     p.add_argument("--kv-heads", type=int, default=8)
@@ -140,7 +141,8 @@ def main(argv=None) -> dict:
         result["triton_rel_diff"] = last_chunk_difference(q, k, v, args.chunk)
         print(f"triton vs blocks, last chunk: relative L2 difference {result['triton_rel_diff']:.2e}")
     print("seconds / blocks' seconds: " + ", ".join(f"{k} {v:.2f}x" for k, v in result["x_blocks"].items()))
-    write_json(os.path.join(args.out, f"{args.name}.json"), result)
+    write_json(os.path.join(output_folder(args.out), f"{args.name or default_name('chunked_prefill_attention')}.json"),
+               result)
     return result
 
 

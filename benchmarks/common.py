@@ -31,6 +31,40 @@ def environment() -> dict:
     }
 
 
+def device_slug(devices=None) -> str:
+    """Short lower-case name of the devices a run uses, for result file names: "h200", "h100", "cpu", ...;
+    several devices give e.g. "h200x2"."""
+    devices = jax.devices() if devices is None else devices
+    kind = devices[0].device_kind.lower() if devices[0].platform == "gpu" else devices[0].platform
+    for known in ("h200", "h100", "h800", "h20", "gh200", "b200", "a100", "l40s", "l4"):
+        if known in kind.replace(" ", "").replace("-", ""):
+            kind = known
+            break
+    else:
+        kind = "".join(c if c.isalnum() else "_" for c in kind).strip("_") or "device"
+    return kind if len(devices) == 1 else f"{kind}x{len(devices)}"
+
+
+def default_name(benchmark: str, devices=None) -> str:
+    """The canonical results file stem of a benchmark on these devices: `<benchmark>_<device>`."""
+    return f"{benchmark}_{device_slug(devices)}"
+
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def output_folder(out: str | None, smoke: bool = False) -> str:
+    """Where a benchmark writes: --out if given; else benchmarks/results, or for a --smoke run (a CPU check of the
+    script, whose numbers mean nothing) a fresh temporary folder, so that it never overwrites a canonical file."""
+    if out is not None:
+        return out
+    if smoke:
+        import tempfile
+
+        return tempfile.mkdtemp(prefix="hyquant_smoke_")
+    return RESULTS
+
+
 def sm_count(default: int = 132) -> int:
     return int(getattr(jax.devices()[0], "core_count", 0) or default)
 

@@ -43,10 +43,10 @@ jnp references at one small ragged shape (relative error, NaN check), and a
 small block_q / block_k / num_warps / num_stages sweep at one length, whose
 best setting is used for all kernel variants.
 
-Run on the GPU box from the repo root:
-  PYTHONPATH=. python benchmarks/prefill_kernel.py --out $OUT --results-dir benchmarks/results
-CPU check that the script runs (interpret mode, tiny shapes):
-  PYTHONPATH=. python benchmarks/prefill_kernel.py --out /tmp/prefill_smoke --smoke
+On a GPU, from the repo root (writes benchmarks/results/prefill_kernel_<device>.json and .png):
+  PYTHONPATH=. python benchmarks/prefill_kernel.py
+CPU check that the script runs (interpret mode, tiny shapes, into a temporary folder):
+  PYTHONPATH=. python benchmarks/prefill_kernel.py --smoke
 """
 
 from __future__ import annotations
@@ -55,7 +55,6 @@ import argparse
 import json
 import math
 import os
-import shutil
 import statistics
 import sys
 import time
@@ -70,7 +69,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
-from benchmarks.common import environment  # noqa: E402
+from benchmarks.common import default_name, environment, output_folder  # noqa: E402
 from benchmarks.trace import breakdown, profiled  # noqa: E402
 
 from hyquant_jax import prefill_launch as pk  # noqa: E402
@@ -84,7 +83,6 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     from jax.experimental.pallas.ops.gpu import attention as pallas_attention  # noqa: E402
 
-RESULT_NAME = "prefill_kernel_h200"
 TRACE_TOP = 20  # kernels listed per traced method
 # prefill_block 128 so that kernel block_q 64 and 128 have the same semantics (sweep).
 CONFIG = HyQuantConfig(window=128, prefill_block=128, rho=0.05)
@@ -589,8 +587,8 @@ def print_table(payload, lengths):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, help="folder for the JSON and the PNG")
-    ap.add_argument("--results-dir", default=None, help="also copy JSON and PNG here (benchmarks/results)")
+    ap.add_argument("--out", default=None, help="folder for the JSON and the PNG (default: benchmarks/results; a "
+                                                "temporary folder with --smoke)")
     ap.add_argument("--lengths", type=int, nargs="*", default=[4096, 8192, 16384, 32768])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--sweep-length", type=int, default=8192)
@@ -600,11 +598,12 @@ def main(argv=None):
     ap.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode (CPU check of the script)")
     ap.add_argument("--methods", default=None, help="comma-separated subset of the timed methods (default: all)")
     ap.add_argument("--no-layers", action="store_true", help="skip the per-layer accuracy table")
-    ap.add_argument("--name", default=RESULT_NAME, help="JSON/PNG file name (without extension)")
+    ap.add_argument("--name", default=None, help="JSON/PNG file name without extension (default: "
+                                                 "prefill_kernel_<device>)")
     ap.add_argument("--mha-tuning", default=None,
                     help="Pallas mha block_q,block_k,num_warps,num_stages instead of the sweep's best (without a "
-                         "sweep the default is 128,64,8,2; 128,128,8,2 was 1.16x faster at 8K in the sweep of "
-                         "prefill_kernel_h200.json)")
+                         "sweep the default is 128,64,8,2; 128,128,8,2 was 1.16x faster at 8K in the H200's "
+                         "sweep)")
     ap.add_argument("--trace", default="", metavar="METHODS",
                     help="comma-separated methods whose one call is also profiled: GPU kernel breakdown in the JSON")
     ap.add_argument("--tuning", default=None,
@@ -636,6 +635,8 @@ def main(argv=None):
                              or best_tuning(payload["sweep"], "pallas_mha_bf16", (128, 64, 8, 2)))
     if payload["tuning"] != default:
         payload["correctness"] += correctness(interpret, payload["tuning"], small, (small[3], small[3] * 3 // 5))
+    args.out = output_folder(args.out, args.smoke)
+    args.name = args.name or default_name("prefill_kernel")
     os.makedirs(args.out, exist_ok=True)
     json_path = os.path.join(args.out, args.name + ".json")
 
@@ -661,14 +662,8 @@ def main(argv=None):
         plot(payload["results"], lengths, payload["layers"], png_path)
     except Exception:  # noqa: BLE001 - the numbers matter more than the picture
         traceback.print_exc()
-    if args.results_dir:
-        os.makedirs(args.results_dir, exist_ok=True)
-        for p in (json_path, png_path):
-            if os.path.exists(p):
-                shutil.copy(p, args.results_dir)
     print_table(payload, lengths)
-    log(f"\nwrote {json_path} and {png_path}" + (f" (copied to {args.results_dir})" if args.results_dir else "")
-        + f"; wall {payload['wall_s']:.0f} s")
+    log(f"\nwrote {json_path} and {png_path}; wall {payload['wall_s']:.0f} s")
 
 
 if __name__ == "__main__":

@@ -95,8 +95,8 @@ def _attention(e2e_args, method):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="benchmarks/results")
-    p.add_argument("--name", default="profile_e2e_h200")
+    p.add_argument("--out", required=True, help="folder for the profile (not a results file)")
+    p.add_argument("--name", default="profile_e2e")
     p.add_argument("--methods", default="bf16,hyquant",
                    help="e2e.py methods, comma-separated")
     p.add_argument("--prefixes", default="1024,32768")

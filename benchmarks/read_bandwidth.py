@@ -26,7 +26,8 @@ import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import add_output_sum, environment, time_in_loop, write_json  # noqa: E402
+from benchmarks.common import (add_output_sum, default_name, environment, output_folder,  # noqa: E402
+                               time_in_loop, write_json)
 
 FORMS = ("rows", "gemv", "gemv_wide")
 
@@ -65,8 +66,9 @@ def read_bandwidth(nbytes: int = 2 << 30, forms=FORMS, iters: int = 20, reps: in
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="benchmarks/results", help="folder for the JSON")
-    p.add_argument("--name", default="read_bandwidth_h200", help="JSON file stem")
+    p.add_argument("--out", default=None, help="folder for the JSON (default: benchmarks/results; a temporary "
+                                                 "folder with --smoke)")
+    p.add_argument("--name", default=None, help="JSON file stem (default: read_bandwidth_<device>)")
     p.add_argument("--gib", type=float, default=2.0, help="array size in GiB (default 2)")
     p.add_argument("--smoke", action="store_true", help="a 4 MiB array, 2 iterations (CPU check of the script)")
     args = p.parse_args(argv)
@@ -76,8 +78,9 @@ def main(argv=None):
     result = {"env": environment(), "read_bandwidth": read_bandwidth(nbytes, iters=2 if args.smoke else 20,
                                                                        reps=1 if args.smoke else 5)}
     print(result)
-    os.makedirs(args.out, exist_ok=True)
-    write_json(os.path.join(args.out, f"{args.name}.json"), result)
+    path = os.path.join(output_folder(args.out, args.smoke), f"{args.name or default_name('read_bandwidth')}.json")
+    write_json(path, result)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -1,22 +1,44 @@
-"""Print the README's result tables (markdown) from the committed benchmark JSON files.
+"""The results pages: `docs/results.md` and the README's headline table, from the canonical results files.
 
-  python benchmarks/report.py [--results benchmarks/results]
+Each benchmark writes `benchmarks/results/<benchmark>_<device>.json` (+ a plot), overwritten by the next run of
+the same command on that kind of device; this script reads only those files.
+
+  python benchmarks/report.py              # rewrite docs/results.md
+  python benchmarks/report.py --check      # exit 1 if docs/results.md or the README's headline is out of date
+  python benchmarks/report.py --headline   # print the README's headline table
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+RESULTS_PAGE = os.path.join(ROOT, "docs", "results.md")
+README = os.path.join(ROOT, "README.md")
+# benchmark names, longest first where one is a prefix of another
+BENCHMARKS = ("decode_kernel", "prefill_kernel", "chunked_prefill_attention", "e2e", "read_bandwidth",
+              "accuracy_retrieval", "accuracy", "generate")
 
 
-def _load(results, name):
-    path = os.path.join(results, name)
-    if not os.path.exists(path):
-        return None
+def result_files(results: str = RESULTS) -> dict[str, dict[str, str]]:
+    """{benchmark: {device: path}} of the canonical files `<benchmark>_<device>.json`."""
+    found: dict[str, dict[str, str]] = {}
+    for path in sorted(glob.glob(os.path.join(results, "*.json"))):
+        stem = os.path.basename(path)[:-5]
+        for name in BENCHMARKS:
+            if stem.startswith(name + "_"):
+                found.setdefault(name, {})[stem[len(name) + 1:]] = path
+                break
+    return found
+
+
+def _load(path: str) -> dict:
     with open(path) as f:
         return json.load(f)
 
@@ -105,10 +127,12 @@ def _env_line(d) -> str:
     env = d["environment"]
     mesh = d.get("mesh")
     where = f"{env['device']} x{env.get('mesh_devices', 1)}" if mesh else env["device"]
-    parts = ", ".join(d["combined_from"]) if d.get("combined_from") else ""
+    parts = [c for c in d.get("combined_from") or [] if isinstance(c, dict)] or [env]
+    commands = "; ".join(f"`{c['command']}`" for c in parts)
+    if d.get("combined_from") and parts == [env]:  # older files name their parts' files only
+        commands += f" and {len(d['combined_from']) - 1} more (parts: {', '.join(d['combined_from'])})"
     return (f"{where}, jax {env['jax']}, {env['date'][:10]}, model {d.get('model_name', '?')} "
-            f"({d['params'] / 1e9:.2f}B params, random bf16 weights)" + (f", merged from {parts}" if parts else "")
-            + f"; first part's command: `{env['command']}`.")
+            f"({d['params'] / 1e9:.2f}B params, random bf16 weights); one process per command: {commands}.")
 
 
 def e2e_b1_table(d) -> str:
@@ -166,64 +190,214 @@ def e2e_prefill_table(d) -> str:
     return "\n".join(lines)
 
 
-def generate_table(results) -> str:
-    lines = ["| scheme | greedy tokens identical to bf16 | first difference at token |", "|---|---|---|"]
-    for scheme in ("channel_key", "token_sym", "token_asym"):
-        d = _load(results, f"generate_smollm2_cpu_{scheme}.json")
-        if d:
-            first = ", ".join(str(x) for x in d["first_difference"])
-            lines.append(f"| {scheme} | {100 * d['agreement_with_bf16']:.1f}% | {first} |")
+
+
+def chunked_prefill_table(d) -> str:
+    """Chunked prefill's attention over one layer's whole prompt, seconds per variant."""
+    a, env = d["args"], d["environment"]
+    lines = [f"{env['device']}, jax {env['jax']}, {env['date'][:10]}, `{env['command']}`: B {a['batch']}, "
+             f"Hq/Hkv {a['heads']}/{a['kv_heads']}, D {a['head_dim']}, a {a['prompt']}-token prompt in "
+             f"{a['chunk']}-token chunks; relative L2 difference of the fused kernel's last chunk "
+             f"{d['triton_rel_diff']:.1e}.", "", "| variant | key block | key slots read | seconds | x blocks |",
+             "|---|---|---|---|---|"]
+    for r in d["rows"]:
+        x = d["x_blocks"].get(r["variant"])
+        lines.append(f"| {r['variant']} | {r['key_block']} | {r['slots_read']} | {r['seconds']:.4f} | "
+                     f"{f'{x:.2f}' if x is not None else '1.00'} |")
     return "\n".join(lines)
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--results", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
-    args = p.parse_args()
-    for name in ("decode_kernel_h200.json", "decode_kernel_h200_v1.json"):
-        d = _load(args.results, name)
-        if d:
-            print(f"{name}:\n\n{decode_table(d)}\n")
-    for name in ("prefill_kernel_h200.json", "prefill_kernel_h200_32k.json"):
-        d = _load(args.results, name)
-        if d:
-            print(f"{name}:\n\n{prefill_table(d)}\n")
-    for name in ("e2e_after_queries_s46.json", "e2e_token_slot_s44.json", "e2e_blocks_per_sm_s44.json", "e2e_fused_qkv_s43.json", "e2e_query_prep_s43.json", "e2e_token_split_s42.json", "e2e_s42_b1.json", "e2e_bf16_attend_first_s42.json",
-                 "e2e_mosaic_threshold_s42.json", "e2e_after_operand_s41.json",
-                 "e2e_after_operand_reversed_s41.json", "e2e_merge_packed_s40.json"):  # gpu_e2e_variants.sh: one b1 table per source tree
-        d = _load(args.results, name)
-        for v in (d or {}).get("variants", []):
-            if v.get("b1"):
-                env = v["environment"]
-                print(f"{name}, tree {v['tree']}: {env['device']}, jax {env['jax']}, {env['date'][:10]}\n")
-                print(e2e_b1_table(v), "\n")
-    for name in ("e2e_s46_b1.json", "e2e_s44_b1.json", "e2e_s44_batch_jit_init.json", "e2e_s44_batch_bf16_jit_init.json",
-                 "e2e_s44_batch_hyquant.json", "e2e_s44_batch_bf16.json", "e2e_s43_b1.json", "e2e_s40_batch_bf16.json", "e2e_s40_batch_hyquant.json", "e2e_s39_b1.json",
-                 "e2e_s39_stop_token.json", "e2e_h200_s37.json", "e2e_h200_s33.json",
-                 "e2e_h200_s31.json", "e2e_h200_s29.json", "e2e_h200_s27.json", "e2e_h200_s26.json", "e2e_h200.json",
-                 "e2e_h200_v1_kernel.json", "e2e_h200x2_qwen3_32b_tp2.json"):
-        d = _load(args.results, name)
-        if d:
-            print(f"{name}: {_env_line(d)}\n")
-            if d.get("b1"):
-                print(e2e_b1_table(d), "\n")
-            if d.get("batch"):
-                print(f"Batch sweep at {d['batch'][0]['prefix']} cached tokens:\n")
-                print(e2e_batch_table(d), "\n")
-            if d.get("prefill"):
-                print("Prefill (whole prompt, B=1, Freeze included for the quantized caches):\n")
-                print(e2e_prefill_table(d), "\n")
-    print(generate_table(args.results), "\n")
-    for name in ("accuracy_smollm2.json", "accuracy_smollm2_retrieval_needle.json",
-                 "accuracy_smollm2_retrieval_multikey_vartrack.json", "accuracy_smollm2_retrieval_multikey_4k.json",
-                 "accuracy_smollm2_retrieval_vartrack_4k.json", "accuracy_smollm2_gpu.json",
-                 "accuracy_smollm2_gpu_retrieval.json"):
-        d = _load(args.results, name)
-        if d:
-            from benchmarks.accuracy import summary_markdown
+def read_bandwidth_line(d) -> str:
+    env, rb = d["env"], d["read_bandwidth"]
+    forms = ", ".join(f"{k} {v:.2f}" for k, v in rb["tb_s"].items())
+    return (f"{env['device']}, jax {env['jax']}, {env['date'][:10]}, `{env['command']}`: best {rb['best']:.2f} TB/s "
+            f"({forms} TB/s; {rb['bytes'][next(iter(rb['bytes']))] / 2**30:.2f} GiB read per call).")
 
-            print(summary_markdown(d), "\n")
+
+def generate_table(files: dict[str, str]) -> str:
+    """Greedy agreement of `hyquant generate` with bf16, one file per key scheme (`generate_<scheme>_cpu.json`)."""
+    lines = ["| scheme | greedy tokens identical to bf16 | first difference at token | command |", "|---|---|---|---|"]
+    for name, path in sorted(files.items()):
+        d = _load(path)
+        first = ", ".join(str(x) for x in d["first_difference"])
+        lines.append(f"| {d['config']['scheme']} | {100 * d['agreement_with_bf16']:.1f}% | {first} | "
+                     f"`{d['environment']['command']}` ({d['environment']['device']}, jax {d['environment']['jax']}, "
+                     f"{d['environment']['date'][:10]}) |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------- headline
+
+
+def _device_label(env_device: str) -> str:
+    return "H100" if "H100" in env_device else "H200" if "H200" in env_device else env_device
+
+
+def _e2e_ratios(d) -> dict:
+    """B=1 step-time ratios bf16 / hyquant per prefix, and the batch sweep's largest batch and best tokens/s."""
+    b1 = {(r["method"], r["prefix"]): r["step_ms"] for r in d.get("b1", []) if "step_ms" in r}
+    out = {"b1": {p: b1[("bf16", p)] / b1[("hyquant", p)] for (m, p) in b1 if m == "hyquant" and ("bf16", p) in b1}}
+    best = {}
+    for r in d.get("batch", []):
+        if "step_ms" in r:
+            m = best.setdefault(r["method"], {"largest": 0, "tps": 0.0})
+            m["largest"], m["tps"] = max(m["largest"], r["batch"]), max(m["tps"], r["tokens_per_s"])
+    if {"bf16", "hyquant"} <= set(best):
+        out["largest"] = (best["hyquant"]["largest"], best["bf16"]["largest"])
+        out["tps"] = best["hyquant"]["tps"] / best["bf16"]["tps"]
+    return out
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "**missed**"
+
+
+def headline_rows(results: str = RESULTS) -> list[list[str]]:
+    """The README's headline rows: [what, GPU, measured, goal, status, jax, date]."""
+    files, rows = result_files(results), []
+    for dev, path in files.get("decode_kernel", {}).items():
+        d = _load(path)
+        env, cases = d["env"], {r["case"].split(" ", 1)[1]: r for r in d["cases"]}
+        c32 = cases.get("B1 32K")
+        if c32:
+            ratio = c32["bytes"]["bf16"] / c32["bytes"]["hybrid"]
+            rows.append(["KV cache bytes at 32K (K4V4, rho 5%, W 128)", "any", f"{ratio:.2f}x smaller than bf16",
+                         ">= 3x smaller", _met(ratio >= 3.0), env["jax"], env["date"][:10]])
+        got = [(k, cases[k]["hybrid"]["speedup_vs_best_bf16"]) for k in ("B1 32K", "B1 128K", "B16 32K") if k in cases]
+        rows.append(["decode attention kernel vs the best bf16 kernel (cuDNN, Pallas, XLA)", _device_label(env["device"]),
+                     " / ".join(f"{x:.2f}x at {k}" for k, x in got), ">= 3x at long context",
+                     _met(all(x >= 3.0 for _, x in got[1:])), env["jax"], env["date"][:10]])
+    for dev, path in files.get("prefill_kernel", {}).items():
+        d = _load(path)
+        s = d["summary"].get("32768", {})
+        x = s.get("hybrid_e2e_mosaic_speedup_vs_cudnn")
+        if x:
+            rows.append(["prefill attention at 32K (VTI included) vs cuDNN bf16", _device_label(d["device"]),
+                         f"{x:.2f}x", ">= 1x", _met(x >= 1.0), d["jax"], d["date"][:10]])
+    for dev, path in sorted(files.get("e2e", {}).items()):
+        d = _load(path)
+        if d.get("mesh"):
+            continue
+        env, r = d["environment"], _e2e_ratios(d)
+        b1 = r["b1"]
+        if 32768 in b1 and 131072 in b1:
+            rows.append(["end-to-end decode step at B=1 (Qwen3-8B shape), x bf16", _device_label(env["device"]),
+                         f"{b1[32768]:.2f}x at 32K, {b1[131072]:.2f}x at 128K", ">= 1.15x / >= 1.5x",
+                         f"{_met(b1[32768] >= 1.15)} / {_met(b1[131072] >= 1.5)}", env["jax"], env["date"][:10]])
+        if "tps" in r:
+            hq, bf = r["largest"]
+            dates = [c["date"] for c in d.get("combined_from") or [] if isinstance(c, dict) and "batch" in c["command"]]
+            rows.append(["32K decode throughput / largest batch, x bf16", _device_label(env["device"]),
+                         f"{r['tps']:.2f}x / {hq / bf:.2f}x ({hq} vs {bf})", ">= 2x / >= 3x",
+                         f"{_met(r['tps'] >= 2.0)} / {_met(hq / bf >= 3.0)}", env["jax"],
+                         max(dates or [env["date"]])[:10]])
+    acc, ret = files.get("accuracy", {}), files.get("accuracy_retrieval", {})
+    for dev, path in acc.items():
+        if dev == "cpu" and len(acc) > 1:
+            continue
+        d = _load(path)
+        ppl = d["targets"]["perplexity_within_1pct"]["value"]
+        text, ok = f"perplexity {100 * ppl:+.2f}%", ppl <= 0.01
+        goal = "within 1%"
+        if dev in ret:
+            rt = _load(ret[dev])["targets"]["retrieval_within_2_points"]
+            text += f", retrieval {rt['value']:+.2f} points ({rt['samples']} samples)"
+            ok, goal = ok and rt["met"], "within 1% / 2 points"
+        rows.append(["accuracy vs bf16, SmolLM2-135M (WikiText-2, RULER-style retrieval)",
+                     _device_label(d["env"]["device"]), text, goal, _met(ok), d["env"]["jax"], d["env"]["date"][:10]])
+    return rows
+
+
+def headline_table(results: str = RESULTS) -> str:
+    lines = ["| what | GPU | measured | goal | status | jax | date |", "|---|---|---|---|---|---|---|"]
+    lines += ["| " + " | ".join(r) + " |" for r in headline_rows(results)]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------- the page
+
+
+def results_page(results: str = RESULTS) -> str:
+    """docs/results.md: every canonical results file as tables, with its device, jax version, date and command."""
+    files = result_files(results)
+    out = ["# Measured results", "",
+           "Generated by `python benchmarks/report.py` from `benchmarks/results/<benchmark>_<device>.json`; do not edit "
+           "by hand. Speed ratios compare methods measured in one process (kernels) or one call (end to end) on "
+           "one card. `docs/design.md` explains the decisions these numbers made.", "", "## Summary", "",
+           headline_table(results), ""]
+
+    def section(title, how):
+        out.extend([f"## {title}", "", how, ""])
+
+    if "decode_kernel" in files:
+        section("Decode attention kernel", "`python benchmarks/decode_kernel.py`: one layer, per call inside a jitted "
+                "loop; the hybrid cache against cuDNN, JAX's Pallas `decode_attention.gqa` and XLA on the same inputs.")
+        for dev, path in files["decode_kernel"].items():
+            out += [decode_table(_load(path)), ""]
+    if "prefill_kernel" in files:
+        section("Prefill kernel", "`python benchmarks/prefill_kernel.py`: causal prefill of one layer, B=1.")
+        for dev, path in files["prefill_kernel"].items():
+            out += [prefill_table(_load(path)), ""]
+    if "chunked_prefill_attention" in files:
+        section("Chunked prefill attention", "`python benchmarks/chunked_prefill_attention.py`: one layer's attention "
+                "over a long prompt prefilled in chunks.")
+        for dev, path in files["chunked_prefill_attention"].items():
+            out += [chunked_prefill_table(_load(path)), ""]
+    if "e2e" in files:
+        section("End to end", "`python benchmarks/e2e.py`: a Qwen3-shaped model with random bf16 weights, the same "
+                "jitted decode loop for every method; one process per method and section.")
+        for dev, path in files["e2e"].items():
+            d = _load(path)
+            out += [f"### {dev}", "", _env_line(d), ""]
+            if d.get("b1"):
+                out += ["Decode at B=1:", "", e2e_b1_table(d), ""]
+            if d.get("batch"):
+                out += [f"Batch sweep at {d['batch'][0]['prefix']} cached tokens:", "", e2e_batch_table(d), ""]
+            if d.get("prefill"):
+                out += ["Prefill (whole prompt, B=1, Freeze included for the quantized caches):", "",
+                        e2e_prefill_table(d), ""]
+    if "read_bandwidth" in files:
+        section("Read bandwidth", "`python benchmarks/read_bandwidth.py`: the yardstick for byte floors.")
+        out += ["- " + read_bandwidth_line(_load(p)) for p in files["read_bandwidth"].values()] + [""]
+    if "generate" in files:
+        section("Greedy agreement with bf16 by key scheme", "`hyquant generate --scheme S --json FILE` on the default "
+                "model and prompt.")
+        out += [generate_table(files["generate"]), ""]
+    from benchmarks.accuracy import summary_markdown
+
+    for key in ("accuracy", "accuracy_retrieval"):
+        for dev, path in files.get(key, {}).items():
+            out += [summary_markdown(_load(path)), ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--results", default=RESULTS)
+    p.add_argument("--check", action="store_true", help="exit 1 if docs/results.md or the README's headline table "
+                                                        "differ from what the results files give")
+    p.add_argument("--headline", action="store_true", help="print the README's headline table")
+    args = p.parse_args(argv)
+    if args.headline:
+        print(headline_table(args.results))
+        return 0
+    page = results_page(args.results)
+    if args.check:
+        with open(RESULTS_PAGE) as f:
+            stale = f.read() != page
+        with open(README) as f:
+            stale_readme = headline_table(args.results) not in f.read()
+        for what, bad in (("docs/results.md", stale), ("README.md's headline table", stale_readme)):
+            if bad:
+                print(f"{what} is out of date: run `python benchmarks/report.py` (and paste `--headline` into the "
+                      "README)", file=sys.stderr)
+        return int(stale or stale_readme)
+    os.makedirs(os.path.dirname(RESULTS_PAGE), exist_ok=True)
+    with open(RESULTS_PAGE, "w") as f:
+        f.write(page)
+    print(f"wrote {os.path.relpath(RESULTS_PAGE, ROOT)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,8 +1,8 @@
 """The `hyquant` command line.
 
   hyquant generate   generate text with a real checkpoint through the hybrid KV cache
-  hyquant bench      run a benchmark script from benchmarks/
-  hyquant eval       run an evaluation script from benchmarks/ (eval_*.py)
+  hyquant bench      run a benchmark from benchmarks/ (decode and prefill kernels, end to end, memory, ...)
+  hyquant eval       run an evaluation from benchmarks/ (accuracy)
   hyquant demo       the hybrid cache on synthetic attention states
 """
 
@@ -82,11 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name, what in (("bench", "a benchmark"), ("eval", "an evaluation")):
         p = sub.add_parser(
             name, help=f"run {what} script from benchmarks/ (no NAME: list them)",
-            description=f"Run benchmarks/{'eval_NAME.py or accuracy.py' if name == 'eval' else 'NAME.py'} from "
-                        "this source checkout with the remaining arguments (for example `hyquant bench e2e --help`). "
-                        "Without NAME, list the available scripts.")
-        p.add_argument("name", nargs="?", help="script name without .py" + (" and the eval_ prefix" if name == "eval"
-                                                                                   else ""))
+            description=f"Run benchmarks/NAME.py from this source checkout with the remaining arguments (for "
+                        f"example `hyquant {name} {'accuracy --quick' if name == 'eval' else 'e2e --help'}`). Without "
+                        "NAME, list the available scripts.")
+        p.add_argument("name", nargs="?", help="script name without .py")
         p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     return parser
 
@@ -121,8 +120,10 @@ def benchmarks_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "benchmarks"
 
 
-# Evaluation scripts named without the eval_ prefix (issue 6 named it benchmarks/accuracy.py).
-EVAL_SCRIPTS = ("accuracy",)
+# The documented scripts of benchmarks/ (benchmarks/README.md says what each measures).
+BENCHMARKS = ("decode_kernel", "prefill_kernel", "chunked_prefill_attention", "e2e", "decode_memory", "read_bandwidth",
+              "report")
+EVALUATIONS = ("accuracy",)
 
 
 def _scripts(kind: str) -> dict[str, Path]:
@@ -130,18 +131,8 @@ def _scripts(kind: str) -> dict[str, Path]:
     if not folder.is_dir():
         raise ValueError(f"no benchmarks/ folder next to the package ({folder}); `hyquant {kind}` needs a source "
                          "checkout (pip install -e .)")
-    found = {}
-    for path in sorted(folder.glob("*.py")):
-        stem = path.stem
-        if stem.startswith("_") or stem == "common":
-            continue
-        if kind == "eval" and stem.startswith("eval_"):
-            found[stem[5:]] = path
-        elif kind == "eval" and stem in EVAL_SCRIPTS:
-            found[stem] = path
-        elif kind == "bench" and not stem.startswith("eval_") and stem not in EVAL_SCRIPTS:
-            found[stem] = path
-    return found
+    names = EVALUATIONS if kind == "eval" else BENCHMARKS
+    return {name: folder / f"{name}.py" for name in names if (folder / f"{name}.py").is_file()}
 
 
 def _run_script(kind: str, name: str | None, script_args: list[str]) -> int:
@@ -150,7 +141,7 @@ def _run_script(kind: str, name: str | None, script_args: list[str]) -> int:
         print(f"hyquant {kind}: available scripts in {benchmarks_dir()}:")
         for stem, path in scripts.items():
             doc = _first_doc_line(path)
-            print(f"  {stem:24s} {doc}")
+            print(f"  {stem:26s} {doc}")
         return 0
     if name not in scripts:
         raise ValueError(f"no {kind} script named {name!r}; available: {sorted(scripts)}")

@@ -126,8 +126,12 @@ def test_generate_unsupported_architecture(tiny_gguf, tmp_path, capsys):
 
 
 def test_bench_and_eval_list_and_run_scripts(capsys):
+    """`hyquant bench` / `eval` list exactly the documented scripts (each with its first docstring line)."""
     assert cli.main(["bench"]) == 0
-    assert "e2e" in capsys.readouterr().out
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]]
+    assert listed == list(cli.BENCHMARKS)
+    assert cli.main(["eval"]) == 0
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]] == ["accuracy"]
     assert cli.main(["eval", "no_such_eval"]) == 2
     assert "no eval script named 'no_such_eval'" in capsys.readouterr().err
     assert cli.main(["bench", "e2e", "--help"]) == 0

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The GPU runner: one part per kind of run. From the repository root of a CUDA machine with jax[cuda] 0.11.2:
+#
+#   bash benchmarks/gpu.sh tests [FILE ...]  the `gpu` test marker, one pytest process per test file (default: every
+#                                            file that has GPU tests, kernels first), each with its own time limit
+#   bash benchmarks/gpu.sh kernels           decode kernel, prefill kernel, chunked prefill attention, read bandwidth
+#   bash benchmarks/gpu.sh e2e               end to end: B=1 at 1K / 32K / 128K, then the 32K batch sweep up to out of
+#                                            memory, one process per method
+#   bash benchmarks/gpu.sh accuracy          the accuracy benchmark at its full specification (float32, as on CPU)
+#   bash benchmarks/gpu.sh ab BASE           this tree against the checkout at BASE in one call: the decode kernel's
+#                                            cases and the e2e B=1 step, one process per tree and benchmark, BASE first
+#
+# Results go to benchmarks/results under their canonical names (<benchmark>_<device>.json), or to $OUT when it is
+# set; every command's log goes to $LOGS (default $OUT/logs or /tmp/hyquant_gpu_logs). Environment: LIMIT (seconds
+# per command, default 540), PREFIXES (e2e B=1 contexts), CASES (decode kernel cases, e.g. "B1 32K,B1 128K").
+set -u
+cd "$(dirname "$0")/.."
+part=${1:-}
+shift || true
+results=${OUT:-benchmarks/results}
+logs=${LOGS:-${OUT:+$OUT/logs}}
+logs=${logs:-/tmp/hyquant_gpu_logs}
+mkdir -p "$results" "$logs"
+results=$(cd "$results" && pwd) logs=$(cd "$logs" && pwd)
+parts=$(mktemp -d)  # one call's partial results, combined into the canonical file
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+limit=${LIMIT:-540}
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1
+
+# run NAME CMD...: one command under the time limit, its output in $logs/NAME.log, one status line printed
+run() {
+  local name=$1
+  shift
+  timeout "$limit" "$@" > "$logs/$name.log" 2>&1
+  local rc=$?
+  echo "$name: rc=$rc $(grep -v '^\s*$' "$logs/$name.log" | tail -1 | cut -c1-150)"
+  return $rc
+}
+
+case "$part" in
+  tests)
+    files=("$@")
+    [ ${#files[@]} -gt 0 ] || files=(decode_mgpu decode decode_merge prefix prefill_mgpu prefill cache_write norm_rope
+                                   generate models sharding)
+    for f in "${files[@]}"; do
+      run "tests_$f" python3 -m pytest -q -m gpu -p no:cacheprovider "tests/test_$f.py"
+    done
+    ;;
+  kernels)
+    run decode_kernel python3 benchmarks/decode_kernel.py --out "$results"
+    run prefill_kernel python3 benchmarks/prefill_kernel.py --out "$results"
+    run chunked_prefill_attention python3 benchmarks/chunked_prefill_attention.py --triton --out "$results"
+    run read_bandwidth python3 benchmarks/read_bandwidth.py --out "$results"
+    ;;
+  e2e)
+    run e2e_b1 python3 benchmarks/e2e.py --out "$parts" --name b1 --sections b1 --methods bf16,hyquant \
+      --prefixes "${PREFIXES:-1024,32768,131072}" --steps 64 --reps 3 --no-plot
+    for method in bf16 hyquant; do
+      run "e2e_batch_$method" python3 benchmarks/e2e.py --out "$parts" --name "batch_$method" --sections batch \
+        --methods "$method" --batches "${BATCHES:-1,4,8,16,32,48,64}" --until-oom --steps 64 --reps 2 --no-plot
+    done
+    run e2e_combine python3 benchmarks/e2e.py --out "$results" --combine "$parts"/*.json
+    ;;
+  accuracy)
+    run accuracy python3 benchmarks/accuracy.py --spec --dtype float32 --out "$results"
+    ;;
+  ab)
+    base=${1:?usage: bash benchmarks/gpu.sh ab BASE (a checkout of the tree to compare against)}
+    base=$(cd "$base" && pwd) here=$PWD
+    for bench in decode_kernel e2e_b1; do
+      for tree in "$base" "$here"; do
+        tag=$([ "$tree" = "$here" ] && echo new || echo base)
+        mkdir -p "$results/ab_$tag"
+        if [ $bench = decode_kernel ]; then
+          (cd "$tree" && PYTHONPATH="$tree" run "ab_${bench}_$tag" python3 benchmarks/decode_kernel.py \
+            --out "$results/ab_$tag" --name decode_kernel ${CASES:+--cases "$CASES"})
+        else
+          (cd "$tree" && PYTHONPATH="$tree" run "ab_${bench}_$tag" python3 benchmarks/e2e.py --out "$results/ab_$tag" \
+            --name e2e_b1 --sections b1 --methods bf16,hyquant --prefixes "${PREFIXES:-32768,131072}" --steps 64 \
+            --reps 3 --no-plot)
+        fi
+      done
+    done
+    ;;
+  *)
+    sed -n '2,18p' "$0"
+    exit 2
+    ;;
+esac
