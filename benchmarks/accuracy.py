@@ -2,7 +2,7 @@
 
   python benchmarks/accuracy.py [--quick | --spec] [--sections coverage,operator,perplexity,retrieval,greedy]
   hyquant eval accuracy [--quick]                       (the same script)
-  python benchmarks/accuracy.py --summary-only benchmarks/results/accuracy_smollm2.json
+  python benchmarks/accuracy.py --summary-only benchmarks/results/accuracy_cpu.json
   python benchmarks/accuracy.py --combine-retrieval PART.json... --out ALL.json   (retrieval run in pieces)
 
 Every method runs through the same model code (`models.forward`) and the
@@ -16,7 +16,7 @@ what a CPU run does):
   kivi4/2         per-channel keys (32-token groups), per-token values, 128-token bf16 residual
   sparse_vl       vertical-only sparse: HyQuant's VL set + window kept, every other key dropped
 
-Sections (results/accuracy_smollm2.json, PNGs next to it):
+Sections (results/accuracy_<device>.json, PNGs next to it):
   coverage    share of causal attention mass on the top-1% / top-5% key columns and top-5% + a 128-token
               local window per layer (paper Table 1), plus what HyQuant's own VL set + window covers;
               attention heatmaps with the chosen VL columns (paper Fig. 1)
@@ -934,7 +934,7 @@ def summary_markdown(result: dict) -> str:
     lines = ["### Accuracy on SmolLM2-135M-Instruct (`benchmarks/accuracy.py`)", "",
              f"{env.get('device', '?')}, jax {env.get('jax', '?')}, {env.get('date', '?')[:10]}, {runs}, "
              f"{wall} {result.get('wall_s', 0) / 60:.0f} min on {hardware}; file "
-             f"`{result.get('out', 'benchmarks/results/accuracy_smollm2.json')}`. All methods run through the same "
+             f"`{result.get('out', 'benchmarks/results/accuracy_<device>.json')}`. All methods run through the same "
              "model code on the jnp reference path with a bf16 KV cache; HyQuant uses the default config "
              "(channel_key, rho 5%, W 128).", ""]
     for key, fn in (("coverage", _md_coverage), ("operator", _md_operator), ("perplexity", _md_perplexity),

@@ -46,7 +46,7 @@ def profile_config(args, params, config, attention, method, prefix, batch) -> di
     states, out, _, lengths, _ = decode(params, states, first, lengths, key, **static)
     jax.block_until_ready(out)
     (states, out, _, lengths, n), wall, events = profiled(
-        lambda: jax.block_until_ready(decode(params, states, out[:, -1], lengths, key, **static)))
+        lambda s=states, last=out[:, -1], n=lengths: jax.block_until_ready(decode(params, s, last, n, key, **static)))
     steps = int(n)
     del states
     if args.dump_events:

@@ -121,7 +121,7 @@ def _jit_with_options(compiler_options: dict, **kwargs):
     return lambda fn: _TopLevelJit(fn, compiler_options, **kwargs)
 
 
-# XLA's command-buffer kinds by default in jax 0.11.2 (read from its DebugOptions; benchmarks/NOTES.md, session 32)
+# XLA's command-buffer kinds by default in jax 0.11.2 (read from its DebugOptions)
 XLA_COMMAND_BUFFER_KINDS = ("FUSION", "CUBLAS", "CUBLASLT", "CUDNN", "CUSTOM_CALL", "DYNAMIC_SLICE_FUSION",
                             "CONDITIONAL")
 
@@ -189,16 +189,15 @@ def decode_compiler_options(xla_flags: str, device_loops: bool = False) -> dict[
 
     XLA's default (LHS) chains the graph's kernels in program order; CONCURRENT lets independent kernels
     (e.g. the hybrid decode's two attention launches, or a layer's norm and cache writes next to its
-    products) overlap. Same call on the H200, B=1 Qwen3-8B shape, ms per step at 1K / 32K
-    (benchmarks/results/e2e_variants_s33a_h200.json): bf16 4.84 / 6.25 -> 4.58 / 6.00; hyquant with a
-    branch-free step 5.31 / 6.21 -> 5.21 / 6.04 (with a `lax.cond` in every step it was 5.37 / 6.19,
+    products) overlap. Same call on the H200, B=1 Qwen3-8B shape, ms per step at 1K / 32K: bf16 4.84 / 6.25 ->
+    4.58 / 6.00; hyquant with a branch-free step 5.31 / 6.21 -> 5.21 / 6.04 (with a `lax.cond` in every step it was 5.37 / 6.19,
     hence `steps_until_begin`).
 
     device_loops: a while loop whose trip count XLA cannot know (it stops on data) otherwise runs from the
     host: each step the host reads the condition back, waits for the GPU to drain, then launches the next
     body graph. With WHILE the loops become device-side loops inside one CUDA graph (nothing per step on the
-    host). See `uses_device_loops` for when `decode` takes them, and benchmarks/NOTES.md (session 37) for
-    the measurements. A setting of the same option in `xla_flags` (XLA_FLAGS, read at import) wins.
+    host). See `uses_device_loops` for when `decode` takes them, and docs/design.md ("Device loops and
+    command buffers") for the measurements. A setting of the same option in `xla_flags` (XLA_FLAGS, read at import) wins.
     """
     options = {}
     if "xla_gpu_command_buffer_scheduling_mode" not in xla_flags:
@@ -330,9 +329,8 @@ def _decode_in_place(params: Params, states: tuple, first: jax.Array, lengths: j
     Why: on the GPU, XLA runs the decode as CUDA graphs and, before a call runs, re-records the commands of a
     graph whose buffers moved (with the hybrid cache's device-side loops, commands inside the loop bodies).
     `decode` gives its outputs new buffers on every call (the caller still holds the previous ones) and reads
-    first and lengths wherever the caller made them. Measured on the H200 (session 50,
-    benchmarks/results/e2e_states_first_s48.json): no faster than `decode`, whose states keep their buffers
-    already; the moves of its small outputs cost nothing measurable.
+    first and lengths wherever the caller made them. Measured on the H200: no faster than `decode`, whose
+    states keep their buffers already; the moves of its small outputs cost nothing measurable.
     """
     tokens, steps = previous  # only their buffers are used: they receive this call's tokens and step count
     want = ((first.shape[0], static["max_new_tokens"]), ())

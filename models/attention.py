@@ -320,10 +320,9 @@ def cache_slots(max_len: int) -> int:
     slots cost a little memory and no copy. Slots past max_len stay masked.
     512 rather than 256: on the H200 the bf16 decode step at a 128K prefix took
     16.2 ms with 131328 slots (256 x 513) and 10.3 ms with 131584 (512 x 257),
-    while 1280 / 1536 and 33024 / 33280 slots timed the same
-    (benchmarks/results/e2e_h200_b1_128k_s25_bf16.json, e2e_h200_s23_decode_bf16.json,
-    e2e_h200_b1_slots_s25_steps{32,64}.json). The attention alone is ~2x slower at every odd
-    multiple of 256 from 64K up and at no multiple of 512 measured (bf16_slots_probe_h200.json).
+    while 1280 / 1536 and 33024 / 33280 slots timed the same. The attention alone is ~2x slower at every
+    odd multiple of 256 from 64K up and at no multiple of 512 measured (docs/design.md, "Answered
+    questions").
     """
     return -(-max_len // SLOT_ALIGN) * SLOT_ALIGN
 
@@ -382,7 +381,7 @@ class BF16Attention:
       elsewhere), "xla" or "cudnn" for whole-prompt prefill.
     chunk_impl: chunked prefill's attention (`prefix_attention`'s impl): "auto" (the fused kernel where
       `fused_chunk_applies`, i.e. on a GPU; 2.3x faster end to end over a 32K prompt's 2048-token chunks on
-      the H200, benchmarks/results/e2e_chunked_prefill_{pallas,xla}.json), "xla" (online softmax over key
+      the H200, docs/design.md "Chunked prefill"), "xla" (online softmax over key
       blocks) or "triton" (the fused kernel, in interpret mode off the GPU).
     cache_dtype: storage dtype (None: the dtype of k, e.g. bf16).
     f32_probs: PV product in float32 (see `grouped_attention`); None: only
@@ -390,9 +389,9 @@ class BF16Attention:
       (on GPU it would upcast the whole V cache every step).
     attend_first: decode attends over the cache before the step's token is written, with that token as one
       more key (`grouped_attention(..., token=...)`), then writes it: the write leaves the path from q to
-      the output, as the hybrid cache's ring append does since session 42 (`hyquant_jax.decode_step`). Off
-      by default: it made the bf16 step slower on the H200 (B=1 32K 6.05 against 5.95-5.96 ms, 128K 9.84
-      against 9.70-9.71; benchmarks/results/e2e_bf16_attend_first_s42.json).
+      the output, as the hybrid cache's ring append does (`hyquant_jax.decode_step`). Off by default: it
+      made the bf16 step slower on the H200 (B=1 32K 6.05 against 5.95-5.96 ms, 128K 9.84 against
+      9.70-9.71).
     """
 
     prefill_impl: str = "auto"

@@ -38,7 +38,7 @@ class LayerParams:
 
     Why fused: a decode step then runs one GEMM for q, k and v. Separately, XLA lowers the small k/v
     products to a reduction fusion that delays the q GEMM behind it; on the H200 the fused weight made the
-    hybrid B=1 step 0.15-0.3 ms faster at 32K and bf16's no slower (benchmarks/NOTES.md, session 43). Grouping
+    hybrid B=1 step 0.15-0.3 ms faster at 32K and bf16's no slower (docs/design.md, "Fused q/k/v"). Grouping
     by KV head keeps each KV head and its query group together, so a split over the Hkv axis is a
     tensor-parallel split of whole GQA groups (`hyquant_jax.sharding`).
     """
@@ -115,8 +115,7 @@ def init_params(key: jax.Array, config: ModelConfig, dtype=jnp.bfloat16) -> Para
     `init_layer_params(keys[i])` and the rest `init_outer_params(keys[-3:])`
     with keys = jax.random.split(key, num_layers + 3), each compiled once and
     called per layer (op by op on the H200, Qwen3-8B's weights left ~1.1 GiB
-    in use beyond themselves once q/k/v were fused: benchmarks/NOTES.md,
-    session 44).
+    in use beyond themselves once q/k/v were fused).
     """
     if not jnp.issubdtype(dtype, jnp.floating):
         raise ValueError(f"init_params: dtype must be floating-point, got {jnp.dtype(dtype).name}")

@@ -5,11 +5,10 @@ attention score) at a per-sequence slot. XLA lowers the vmapped dynamic-update-s
 keeps inactive sequences unchanged, to a gather, a select and a scatter-like update per buffer, each a
 small kernel. Here one launch writes every buffer of a layer; the buffers are aliased to the outputs, so
 under donation (the decode loop's carry) nothing else is copied. On the H200 this took ~0.1 ms off a B=1
-decode step of a 36-layer model, bf16 and hyquant alike
-(benchmarks/results/e2e_h200_b1_write_rows_{main,overlay}.json).
+decode step of a 36-layer model, bf16 and hyquant alike (docs/design.md, "Per-layer kernels").
 
 `append_rows` is the ring form: the slot is (start + count) % S and the launch also advances the counters
-(the hybrid cache's window ring; benchmarks/results/e2e_append_rows_s36c.json).
+(the hybrid cache's window ring).
 """
 
 from __future__ import annotations
@@ -107,7 +106,7 @@ def append_rows(buffers: tuple, rows: tuple, start: jax.Array, count: jax.Array,
     With S the ring size (buffers' axis 2) and slot[b] = (start[b] + count[b]) % S, this is
     `write_rows(buffers, rows, slot, write)` followed by count + write and c + write for each c in counters.
     The hybrid cache's window ring appends this way: computing the slot and the counters in XLA made three
-    dependent one-element kernels per layer and step (benchmarks/NOTES.md, session 35).
+    dependent one-element kernels per layer and step.
 
     buffers, rows: as `write_rows`'s; start, count: int32 [B], start in [0, S) and count >= 0;
     write: bool [B]; counters: int32 [B] arrays. Returns (buffers..., count + write, counters... + write),

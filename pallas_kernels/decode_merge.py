@@ -2,13 +2,11 @@
 
 XLA merges the splits in four dependent fusions (the splits' maxima gathered, their maximum, the weighted
 outputs and denominators, their sums and the division); at B=1 32K they separate the Mosaic kernel's end
-from the o projection by ~10.8 us a layer (benchmarks/results/profile_graphs_s39.json). Here one program per
-(sequence, KV head, block of output channels) loads every split of both launches at once (no loop over the
-splits, unlike session 25's merge kernel, results/decode_merge_kernel.patch) and writes the normalized
-output and the log-sum-exp. B=1 Qwen3-8B shape on an H200, one process each with the same GEMM kernels:
-5.49 against 5.71 ms a step at 32K, 6.98 against 7.20 at 128K (benchmarks/results/e2e_merge_packed_s40.json).
-A first version (32 channels a program, the Mosaic (m, l) sliced by XLA, o loads masked by the weights) took
-6.6 us plus 1.5 us of slices and gained ~0.04 ms a step (e2e_merge_all_splits_s40.json).
+from the o projection by ~10.8 us a layer. Here one program per (sequence, KV head, block of output channels)
+loads every split of both launches at once (no loop over the splits: a merge kernel that looped over them was
+no faster) and writes the normalized output and the log-sum-exp. B=1 Qwen3-8B shape on an H200, one process
+each with the same GEMM kernels: 5.49 against 5.71 ms a step at 32K, 6.98 against 7.20 at 128K
+(docs/design.md, "The split merge kernel").
 
 The Mosaic kernel's splits come as it writes them (`decode_mgpu.low_bit_splits(..., packed=True)`): o
 [B, H, NS, 128, 16] with the channels in VALUE_CHANNELS order and ml [B, H, NS, 2, 16] (base-2 maxima,

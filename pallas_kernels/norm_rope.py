@@ -3,8 +3,8 @@ q/k RMSNorm + rotary embedding.
 
 At batch 1 a decode step of a 36-layer model is ~25 kernels a layer, most of them tiny: XLA lowers each
 RMSNorm to a reduction and a separate normalising kernel, each residual add to its own kernel, and the q/k
-norms and RoPE to two kernels per tensor. Every one costs ~1.1-1.8 us on the H200 however little it computes
-(benchmarks/results/profile_e2e_h200_s23_b1.json). Here:
+norms and RoPE to two kernels per tensor. Every one costs ~1.1-1.8 us on the H200 however little it computes.
+Here:
 
 * `add_rms_norm`: x + delta and RMSNorm(x + delta) * weight in one launch (one program per row; the row sum
   of squares is a reduction inside the program), replacing XLA's add, reduce and normalise kernels;
@@ -58,8 +58,7 @@ def add_rms_norm(x: jax.Array, delta: jax.Array | None, weight: jax.Array, eps: 
 
     x, delta: [N, E] of one float dtype (the sum is rounded to it, as XLA's bf16 add); weight [E].
     Returns two [N, E] arrays of x.dtype. E must satisfy `fits`. num_warps: warps of each row's program (16:
-    fastest at E=4096 for N=1 and 25 on the H200, 1.27 / 1.44 us a call against 1.51 / 1.49 with 4;
-    benchmarks/results/norm_rope_probe_h200.json).
+    fastest at E=4096 for N=1 and 25 on the H200, 1.27 / 1.44 us a call against 1.51 / 1.49 with 4).
     """
     n, e = x.shape
     if not fits(e):

@@ -1,0 +1,69 @@
+"""The tracked tree speaks of the software only: no numbered work periods, issue numbers or period-numbered files.
+
+History lives in git (docs/design.md says how to reach the archived experiments); a comment says why in the
+present tense and points to a docs/design.md section where the reason is long.
+"""
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PERIOD = re.compile(r"\bsessions?[ -]?\d", re.IGNORECASE)  # "session 52", "sessions 40-46"
+ISSUE = re.compile(r"\bissues? #?\d", re.IGNORECASE)  # "issue 5"
+PERIOD_FILE = re.compile(r"\b[A-Za-z][\w-]*_s\d{2}[a-z]?(?=[._/])")  # gpu_next_s54.sh, e2e_s48_b1.json
+
+
+def tracked_text_files() -> list[Path]:
+    try:
+        names = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    files = []
+    for name in names.splitlines():
+        path = ROOT / name
+        if path.is_file() and b"\0" not in path.read_bytes()[:4096]:
+            files.append(path)
+    return files
+
+
+def offending_lines(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines()
+            if PERIOD.search(line) or ISSUE.search(line) or PERIOD_FILE.search(line)]
+
+
+def test_the_patterns_catch_what_they_should():
+    for bad in ("measured in session 52", "Sessions 40-46 timed it", "see issue 5", "gpu_next_s54.sh",
+                "results/e2e_s48_b1.json", "profile_graphs_s39.json", "session-20 kernel"):
+        assert offending_lines(bad), bad
+    for fine in ("s32[1] copy", "an int32 [B] counter", "issues of the tracker", "the sessions of a server",
+                 "bf16_s32 x", "K4V4"):
+        assert not offending_lines(fine), fine
+
+
+def test_no_tracked_file_names_work_periods():
+    found = []
+    for path in tracked_text_files():
+        if path.name == Path(__file__).name:
+            continue
+        for line in offending_lines(path.read_text(errors="replace")):
+            found.append(f"{path.relative_to(ROOT)}: {line[:120]}")
+        if PERIOD_FILE.search(path.name + "."):
+            found.append(f"{path.relative_to(ROOT)}: period-numbered file name")
+    assert not found, "\n".join(found[:40])
+
+
+def test_results_folder_holds_only_canonical_files():
+    """benchmarks/results holds `<benchmark>_<device>.json` files that report.py reads, and their plots."""
+    from benchmarks.report import result_files
+
+    results = ROOT / "benchmarks" / "results"
+    read = {Path(p).name for devices in result_files(str(results)).values() for p in devices.values()}
+    stems = {name[:-5] for name in read}
+    for path in results.iterdir():
+        if path.suffix == ".json":
+            assert path.name in read, f"{path.name}: not a file report.py reads"
+        else:
+            assert path.suffix == ".png" and any(path.stem.startswith(s) for s in stems), f"{path.name}: not a plot"
