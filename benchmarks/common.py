@@ -65,10 +65,6 @@ def output_folder(out: str | None, smoke: bool = False) -> str:
     return RESULTS
 
 
-def sm_count(default: int = 132) -> int:
-    return int(getattr(jax.devices()[0], "core_count", 0) or default)
-
-
 def add_output(q, out):
     """The next iteration's query: q plus a tiny multiple of the output (same shape as q)."""
     return q + (1e-6 * out.astype(jnp.float32)).astype(q.dtype)

@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import hyquant_jax as hq  # noqa: E402
-from benchmarks.common import environment, sm_count, time_in_loop, time_per_call, write_json  # noqa: E402
+from benchmarks.common import environment, time_in_loop, time_per_call, write_json  # noqa: E402
 from benchmarks.read_bandwidth import read_bandwidth  # noqa: E402
 from hyquant_jax.decode_launch import (  # noqa: E402
     DecodeTuning, decode_attention as kernel_decode, decode_layout, use_mosaic_low_bit)
@@ -170,7 +170,7 @@ def _run_tuning(inp: Inputs, config, t: DecodeTuning, iters, reps, rows, log) ->
 
 
 def sweep(inp: Inputs, config, iters, reps, log) -> tuple[DecodeTuning, list]:
-    """Search at one shape: conversion, orientation, then pages per tile x warps x stages, then splits.
+    """Search at one shape: conversion, then pages per tile x warps x stages, then splits.
 
     Variants that give the same kernel layout as one already timed are skipped
     (e.g. None and the explicit value the heuristic would pick).
@@ -184,10 +184,9 @@ def sweep(inp: Inputs, config, iters, reps, log) -> tuple[DecodeTuning, list]:
         seen.add(key)
         return _run_tuning(inp, config, t, iters, reps, rows, log)
 
-    base = DecodeTuning(sm_count=sm_count())
+    base = DecodeTuning()
     best, best_ms = base, run(base)
     variants = [dataclasses.replace(base, convert=c) for c in ("magic", "cast")]
-    variants.append(dataclasses.replace(base, transposed=True))
     variants += [dataclasses.replace(base, pages_per_tile=p, num_warps=w, num_stages=st)
                  for p in (1, 2, 4) for w in (2, 4) for st in (2, 3, 4)]
     for t in variants:
@@ -203,9 +202,7 @@ def sweep(inp: Inputs, config, iters, reps, log) -> tuple[DecodeTuning, list]:
 
 TUNING_KEYS = {"warps": "num_warps", "stages": "num_stages", "pages": "pages_per_tile", "n_low": "n_low",
                "n_vl": "n_vl", "convert": "convert", "low": "low_bit", "mosaic_per_sm": "mosaic_blocks_per_sm",
-               "mosaic_stages": "mosaic_stages", "mosaic_splits": "mosaic_splits",
-               "mosaic_ppc": "mosaic_pages_per_copy", "mosaic_wide": "mosaic_wide",
-               "mosaic_il": "mosaic_interleave"}
+               "mosaic_stages": "mosaic_stages", "mosaic_splits": "mosaic_splits"}
 STRING_KEYS = ("convert", "low")
 
 
@@ -230,8 +227,7 @@ def parse_tunings(spec: str) -> list[DecodeTuning]:
     """'warps=1,pages=1;warps=2' -> [DecodeTuning(num_warps=1, pages_per_tile=1), DecodeTuning(num_warps=2)].
 
     An empty item is the default tuning. Keys: warps, stages, pages, n_low, n_vl, convert, low (the low-bit
-    kernel: mosaic or triton), mosaic_per_sm, mosaic_stages, mosaic_splits, mosaic_ppc (pages per copy),
-    mosaic_wide and mosaic_il (interleaved splits; 0 or 1).
+    kernel: mosaic or triton), mosaic_per_sm, mosaic_stages, mosaic_splits.
     """
     out = []
     for item in spec.split(";"):
@@ -241,7 +237,7 @@ def parse_tunings(spec: str) -> list[DecodeTuning]:
             if key not in TUNING_KEYS or not value:
                 raise ValueError(f"--compare-tunings: bad item {kv!r}; expected key=value with key in {sorted(TUNING_KEYS)}")
             fields[TUNING_KEYS[key]] = value if key in STRING_KEYS else int(value)
-        out.append(DecodeTuning(sm_count=sm_count(), **fields))
+        out.append(DecodeTuning(**fields))
     return out
 
 
@@ -271,7 +267,7 @@ def split_sweep(batches, context, reps, log) -> list:
         inp = make_inputs(b, 32, 8, 128, context, CONFIG)
         iters = loop_iters(context, b)
         rows = []
-        base = DecodeTuning(sm_count=sm_count())
+        base = DecodeTuning()
         _run_tuning(inp, CONFIG, base, iters, reps, rows, log)
         for n in (1, 2, 4, 8, 16, 32):
             if n != rows[0]["n_low"]:
@@ -375,7 +371,7 @@ def compare_schedules(cases, modes, reps, log) -> list:
         inp = make_inputs(b, hq_, hkv, d, s, CONFIG)
         iters = loop_iters(s, b)
         bf16_ops = (inp.q, (inp.k, inp.v))
-        fns = {"hybrid": (hybrid_fn(CONFIG, DecodeTuning(sm_count=sm_count())), inp.q, (inp.cache,)),
+        fns = {"hybrid": (hybrid_fn(CONFIG, DecodeTuning()), inp.q, (inp.cache,)),
                "cudnn": (cudnn_attention, *bf16_ops), "xla": (xla_attention, *bf16_ops),
                "pallas": (pallas_attention, *bf16_ops)}
         row = {"case": name}
@@ -450,13 +446,13 @@ def main(argv=None):
         result["split_sweep"] = split_sweep(batches, 1024 if args.smoke else 32768, 3, log)
     rows = []
     for name, b, hq_, hkv, d, s in selected:
-        tuning = tunings.get(1 if b < 8 else 16, DecodeTuning(sm_count=sm_count()))
+        tuning = tunings.get(1 if b < 8 else 16, DecodeTuning())
         log(f"case {name} ...")
         rows.append(run_case(name, b, hq_, hkv, d, s, tuning, args.reps, log, schemes=(name == "qwen3-8b B1 32K")))
         log(f"  {rows[-1]}")
     result["cases"] = rows
     if args.graph_compare:
-        # jax 0.11.2's XLA rejects DESIGN.md's --legacy_command_buffer_custom_call_targets flag (Unknown flag):
+        # jax 0.11.2's XLA rejects the --legacy_command_buffer_custom_call_targets flag (Unknown flag):
         # Triton custom calls are captured into command buffers (CUDA graphs) by default since openxla/xla#30765.
         # So the comparison runs the same cases with command buffers switched off.
         env_vars = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer="))

@@ -25,7 +25,7 @@ config runs --steps steps once to compile and warm up, then --reps timed
 loops of --steps steps; per-step time = median loop time / steps (inside
 jit, no dispatch gaps). The median leaves out a once-per-call cost: on the
 H200, hyquant's first timed call at 32K and 128K runs 0.3-0.5 ms a step
-slower than the next ones (benchmarks/NOTES.md, session 32); `step_ms_mean`,
+slower than the next ones (docs/design.md, "Device loops and command buffers"); `step_ms_mean`,
 the mean over all timed steps, keeps it. A cache with a window ring
 (hyquant, KIVI, uniform) flushes each sequence's oldest block every
 block_size steps (64 for hyquant): --steps should be a multiple of that, so
@@ -142,15 +142,6 @@ def parse_args(argv=None):
     p.add_argument("--mosaic-splits", type=int, default=None,
                    help="HyQuant decode: a fixed split count per (sequence, KV head) for the Mosaic low-bit kernel "
                         "(DecodeTuning.mosaic_splits, overrides --mosaic-blocks-per-sm; default: default_splits)")
-    p.add_argument("--mosaic-pages-per-copy", type=int, default=None,
-                   help="HyQuant decode: pages per slot and bulk copy of the Mosaic low-bit kernel "
-                        "(DecodeTuning.mosaic_pages_per_copy, 1-4; default: the library's, 1)")
-    p.add_argument("--mosaic-wide", action="store_true",
-                   help="HyQuant decode: the Mosaic low-bit kernel copies the codes in wide rows "
-                        "(DecodeTuning.mosaic_wide)")
-    p.add_argument("--mosaic-interleave", action="store_true",
-                   help="HyQuant decode: the Mosaic low-bit kernel's splits take interleaved pages "
-                        "(DecodeTuning.mosaic_interleave)")
     p.add_argument("--key-bits", type=int, default=4)
     p.add_argument("--value-bits", type=int, default=4)
     from hyquant_jax.config import SCHEMES, HyQuantConfig  # jax import only: no device is initialised
@@ -192,8 +183,7 @@ def parse_args(argv=None):
     bad = [n for n in _ints(args.prefill_prefixes) if args.prefill_chunk and n % args.prefill_chunk]
     if args.prefill_chunk < 0 or bad:
         p.error(f"--prefill-chunk must be 0 or divide every --prefill-prefixes, got {args.prefill_chunk} for {bad}")
-    for flag, value in (("--mosaic-blocks-per-sm", args.mosaic_blocks_per_sm), ("--mosaic-splits", args.mosaic_splits),
-                        ("--mosaic-pages-per-copy", args.mosaic_pages_per_copy)):
+    for flag, value in (("--mosaic-blocks-per-sm", args.mosaic_blocks_per_sm), ("--mosaic-splits", args.mosaic_splits)):
         if value is not None and value < 1:
             p.error(f"{flag} must be >= 1, got {value}")
     if args.mesh:
@@ -226,9 +216,7 @@ def _attention(args, method):
     hq = HyQuantConfig(key_bits=args.key_bits, value_bits=args.value_bits, scheme=args.scheme, window=args.window,
                        rho=args.rho, prefill_block=args.prefill_block)
     tuning = None
-    knobs = dict(mosaic_blocks_per_sm=args.mosaic_blocks_per_sm, mosaic_splits=args.mosaic_splits,
-                 mosaic_pages_per_copy=args.mosaic_pages_per_copy, mosaic_wide=args.mosaic_wide or None,
-                 mosaic_interleave=args.mosaic_interleave or None)
+    knobs = dict(mosaic_blocks_per_sm=args.mosaic_blocks_per_sm, mosaic_splits=args.mosaic_splits)
     if any(v is not None for v in knobs.values()):
         from hyquant_jax.decode_launch import DecodeTuning
 
@@ -618,8 +606,8 @@ def worker_env(args) -> dict:
     With the compilation cache on, JAX also points XLA's per-fusion autotune cache into it (its setting
     jax_persistent_cache_enable_xla_caches; this overrides --xla_gpu_per_fusion_autotune_cache_dir), so every
     worker, method and variant in one GPU call runs the GEMM kernels the first compile picked for each fusion.
-    Across calls (a fresh machine) the picks may differ: in session 40 one call took cuBLAS for the MLP's
-    gate/up projections, another the Triton GEMM, ~0.2 ms a step at B=1 (benchmarks/NOTES.md).
+    Across calls (a fresh machine) the picks may differ: on the H200 one call took cuBLAS for the MLP's gate/up
+    projections, another the Triton GEMM, ~0.2 ms a step at B=1.
     """
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="true", XLA_PYTHON_CLIENT_MEM_FRACTION=args.mem_fraction)
     env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "hyquant_e2e_jax_cache"))

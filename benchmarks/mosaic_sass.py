@@ -7,15 +7,13 @@ and Mosaic's own dump writes the PTX and the ptxas report before the module load
 nvdisasm then give the SASS. Set up the tools once with `bash scripts/offline_cuda/setup.sh`.
 
   python benchmarks/mosaic_sass.py decode --out DIR     # pallas_kernels.decode_mgpu.low_bit_splits
-  python benchmarks/mosaic_sass.py decode --module .gpu_run/variants/NAME.py --out DIR   # a variant of it
+  python benchmarks/mosaic_sass.py decode --module PATH.py --out DIR   # a modified copy of decode_mgpu.py
   python benchmarks/mosaic_sass.py prefill --out DIR    # pallas_kernels.prefill_mgpu, prefill_launch.MOSAIC_PREFILL
-  python benchmarks/mosaic_sass.py stream --config t4 --out DIR   # a benchmarks/stream_probe.py config
-  python benchmarks/mosaic_sass.py prefetch|spin --out DIR   # benchmarks/l2_prefetch_probe.py's kernels
 
 Writes KERNEL.ptx, KERNEL.ptxas.txt, KERNEL.sass and KERNEL.json (registers, spills, instructions in the
-kernel and in its largest loop by opcode) into DIR and prints the summary. Checked against the GPU box: for
-the decode kernel of session 20 the SASS instructions are identical, line for line, to those built there
-(benchmarks/results/decode_mgpu_s21.sass; 138 registers, a 696-instruction loop).
+kernel and in its largest loop by opcode) into DIR and prints the summary. Checked against a GPU machine: for
+an earlier version of the decode kernel (138 registers, a 696-instruction loop) the SASS built here is
+identical, instruction for instruction, to the GPU build's.
 """
 
 from __future__ import annotations
@@ -94,11 +92,9 @@ def ptxas_summary(report: str) -> dict:
                 spill_load_bytes=int(spills.group(2)) if spills else None)
 
 
-def _lower(kernel: str, module_path: str | None = None, pages_per_copy: int = 1, wide: bool = False,
-           config: str = "w64_p1_s2", interleave: bool = False):
+def _lower(kernel: str, module_path: str | None = None):
     """Lower one kernel for CUDA on this machine; returns its Mosaic GPU module (bytecode). module_path: a
-    variant of pallas_kernels.decode_mgpu to lower instead (decode only; ignored for prefill). config: the
-    stream probe's config (stream only)."""
+    modified copy of pallas_kernels/decode_mgpu.py to lower instead (decode only)."""
     import jax
     import jax.numpy as jnp
     from jax.experimental.mosaic.gpu import core
@@ -118,36 +114,15 @@ def _lower(kernel: str, module_path: str | None = None, pages_per_copy: int = 1,
                 sd((b, h, pages, dm.HEAD_DIM), bf), sd((b, h, pages, dm.HEAD_DIM), bf),
                 sd((b, h, pages * dm.PAGE, dm.BYTES), u8), sd((b, h, pages * dm.PAGE), bf),
                 sd((b, h, pages * dm.PAGE), bf), sd((b, pages), jnp.int32), sd((b,), jnp.int32))
-        extra = {**(dict(pages_per_copy=pages_per_copy) if pages_per_copy > 1 else {}),
-                 **(dict(wide=True) if wide else {}), **(dict(interleave=True) if interleave else {})}
-        fn = jax.jit(lambda *a: dm.low_bit_splits(*a, num_splits=2, stages=2, **extra))
+        fn = jax.jit(lambda *a: dm.low_bit_splits(*a, num_splits=2, stages=2))
     elif kernel == "prefill":
         from hyquant_jax.prefill_launch import MOSAIC_PREFILL
         from pallas_kernels.prefill_mgpu import argument_shapes, hybrid_prefill_mgpu
 
         args = argument_shapes(1, 32, 8, 4096, 256, 128)  # Qwen3-8B heads at 4K tokens, as the lowering tests
         fn = jax.jit(lambda *a: hybrid_prefill_mgpu(*a, scale=128 ** -0.5, **MOSAIC_PREFILL))
-    elif kernel == "stream":
-        import functools
-
-        from benchmarks import stream_probe as sp
-
-        cfg = sp.parse_config(config)
-        args = (sd((16,), jnp.float32), *(sd(x.shape, x.dtype) for x in sp.operands(1, 2, 1024)))
-        if "depth" in cfg:
-            fn = jax.jit(lambda q, kc, vc, *_: sp.stream_threads(q, kc, vc, splits=3, **cfg))
-        else:
-            fn = jax.jit(functools.partial(sp.stream, splits=3, **cfg))
-    elif kernel in ("prefetch", "spin"):
-        from benchmarks import l2_prefetch_probe as lp
-
-        args = (sd((4096, 4096), jnp.bfloat16), sd((132, 128), jnp.float32))
-        if kernel == "prefetch":
-            fn = jax.jit(lambda w, a: lp.prefetch_l2(w, a))
-        else:
-            fn = jax.jit(lambda w, a: lp.spin(a, iters=1000))
     else:
-        raise ValueError(f"kernel must be 'decode', 'prefill', 'stream', 'prefetch' or 'spin', got {kernel!r}")
+        raise ValueError(f"kernel must be 'decode' or 'prefill', got {kernel!r}")
     before = set(core.KNOWN_KERNELS)
     fn.trace(*args).lower(lowering_platforms=("cuda",))
     new = [v for k, v in core.KNOWN_KERNELS.items() if k not in before]
@@ -158,18 +133,13 @@ def _lower(kernel: str, module_path: str | None = None, pages_per_copy: int = 1,
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("kernel", choices=("decode", "prefill", "stream", "prefetch", "spin"))
+    p.add_argument("kernel", choices=("decode", "prefill"))
     p.add_argument("--out", default=".")
-    p.add_argument("--module", help="decode only: a variant of pallas_kernels/decode_mgpu.py to compile instead "
-                                    "(e.g. from benchmarks/prepare_decode_variants.sh)")
-    p.add_argument("--pages-per-copy", type=int, default=1,
-                   help="decode only: `low_bit_splits(pages_per_copy=...)` (1: the argument is not passed)")
-    p.add_argument("--wide", action="store_true", help="decode only: `low_bit_splits(wide=True)`")
-    p.add_argument("--interleave", action="store_true", help="decode only: `low_bit_splits(interleave=True)`")
-    p.add_argument("--config", default="w64_p1_s2", help="stream only: a benchmarks/stream_probe.py config")
+    p.add_argument("--module", help="decode only: a modified copy of pallas_kernels/decode_mgpu.py to compile "
+                                    "instead")
     args = p.parse_args()
-    if (args.module or args.pages_per_copy != 1 or args.wide or args.interleave) and args.kernel != "decode":
-        p.error("--module, --pages-per-copy, --wide and --interleave are for the decode kernel only")
+    if args.module and args.kernel != "decode":
+        p.error("--module is for the decode kernel only")
     if not os.path.exists(PLUGIN):
         sys.exit(f"{PLUGIN} is missing: run `bash scripts/offline_cuda/setup.sh` first")
     stub_dir = os.path.join(TOOLS, "lib")
@@ -183,7 +153,7 @@ def main():
     with tempfile.TemporaryDirectory() as dump:
         os.environ.update(MOSAIC_GPU_CUDA_ROOT=CUDA, MOSAIC_GPU_RUNTIME_LIB_PATH=RUNTIME, MOSAIC_GPU_DUMP_PTX="1",
                           MOSAIC_GPU_DUMP_TO=dump)
-        module = _lower(args.kernel, args.module, args.pages_per_copy, args.wide, args.config, args.interleave)
+        module = _lower(args.kernel, args.module)
         compile_module = ctypes.CDLL(PLUGIN).MosaicGpuCompile
         compile_module.argtypes = [ctypes.c_char_p, ctypes.c_int]
         compile_module.restype = ctypes.c_void_p

@@ -25,7 +25,7 @@ import jax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import environment, jitted_loop, sm_count, write_json  # noqa: E402
+from benchmarks.common import environment, jitted_loop, write_json  # noqa: E402
 from benchmarks.decode_kernel import (  # noqa: E402
     CASES, CONFIG, INTERPRET, SMOKE_CASES, cudnn_attention, hybrid_fn, make_inputs, xla_attention,
 )
@@ -49,7 +49,7 @@ def trace_cases(names: str, iters: int, top: int, smoke: bool, log) -> list[dict
     rows = []
     for name, b, hq_, hkv, d, s in selected:
         inp = make_inputs(b, hq_, hkv, d, s, CONFIG)
-        tuning = DecodeTuning(sm_count=sm_count())
+        tuning = DecodeTuning()
         lay = decode_layout(inp.cache, CONFIG, hq_, tuning)
         row = {"case": name, "batch": b, "heads": [hq_, hkv], "head_dim": d, "context": s,
                "splits": {"n_low": lay.n_low, "n_vl": lay.n_vl, "total": lay.num_splits},
@@ -81,7 +81,6 @@ def main():
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--context", type=int, default=32768)
     p.add_argument("--calls", type=int, default=4)
-    p.add_argument("--transposed", action="store_true")
     p.add_argument("--warps", type=int, default=None, help="DecodeTuning.num_warps (default: heuristic)")
     p.add_argument("--stages", type=int, default=None, help="DecodeTuning.num_stages (default: heuristic)")
     p.add_argument("--pages", type=int, default=None, help="DecodeTuning.pages_per_tile (default: heuristic)")
@@ -93,8 +92,7 @@ def main():
         write_json(os.path.join(args.out, args.name + ".json"), result)
         return
     inp = make_inputs(args.batch, 32, 8, 128, args.context, CONFIG)
-    tuning = DecodeTuning(transposed=args.transposed, num_warps=args.warps, num_stages=args.stages,
-                          pages_per_tile=args.pages)
+    tuning = DecodeTuning(num_warps=args.warps, num_stages=args.stages, pages_per_tile=args.pages)
     for _ in range(args.calls):
         out, _ = decode_attention(inp.q, inp.cache, CONFIG, tuning=tuning)
         jax.block_until_ready(out)

@@ -6,8 +6,8 @@ keys (key parameters to f16 + key unpack), qk_values (Q.K wgmma, the value unpac
 softmax (mask, exp against the lazy running max, P to shared memory, page mark), commit (fence + barrier),
 redo (reading the mark; a marked page's exact maximum and rescale), pv (P.V wgmma + wait). This script runs
 the kernel once per case on a frozen Qwen3-8B-shaped cache and prints, per region, the time summed over
-blocks, its share, and the mean per page; it writes the summary as JSON. ncu crashed on Mosaic kernels before
-(benchmarks/NOTES.md), hence this route.
+blocks, its share, and the mean per page; it writes the summary as JSON. ncu segfaults on this kernel right
+after connecting (on the H200, at B1 128K and B16 32K alike), hence this route.
 
   PYTHONPATH=. python benchmarks/profile_decode_mgpu.py --out DIR [--contexts 16x32768,1x32768]
 """
@@ -83,6 +83,7 @@ def profile_case(batch: int, context: int, out_dir: str) -> dict:
     import numpy as np
 
     from benchmarks.decode_kernel import CONFIG, make_inputs
+    from hyquant_jax.backends import multiprocessor_count
     from pallas_kernels import decode_mgpu as dm
 
     inp = make_inputs(batch, 32, 8, 128, context, CONFIG)
@@ -91,7 +92,7 @@ def profile_case(batch: int, context: int, out_dir: str) -> dict:
     q = dm.kernel_query(inp.q, h, 1.0 / np.sqrt(128.0))
     ops = (c.k_codes, c.k_scale, c.k_zero, c.v_codes, c.v_scale[..., 0], c.v_zero[..., 0], c.page_count,
            c.num_pages)
-    splits = dm.default_splits(b, h, c.page_count.shape[1])
+    splits = dm.default_splits(b, h, c.page_count.shape[1], sms=multiprocessor_count())  # as decode_launch
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         jax.block_until_ready(dm.low_bit_splits(q, *ops, num_splits=splits, profile_dir=tmp))
         jax.effects_barrier()  # the trace is written by a host callback

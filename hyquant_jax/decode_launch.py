@@ -17,22 +17,21 @@ import math
 import jax
 import jax.numpy as jnp
 
+from hyquant_jax import backends
 from hyquant_jax.cache import HybridKVCache, check_cache, check_decode_query
 from hyquant_jax.config import HyQuantConfig
 from pallas_kernels.decode import DecodeLayout, hybrid_decode_splits, merge_splits
 from pallas_kernels.decode_merge import merge_hybrid_splits
 
-H200_SMS = 132
 CONVERTS = ("asm", "magic", "cast")
 LOW_BIT_KERNELS = ("auto", "mosaic", "triton")
 # "auto" takes the Mosaic low-bit kernel from this many (sequence, KV head, page) triples of cache capacity:
-# below it the second launch and the merge cost more than the kernel saves. H200, Qwen3-8B heads, the whole
-# decode with the low-bit pages in either kernel, since the split merge is one kernel (session 41,
-# benchmarks/results/decode_mosaic_threshold{,_small}_s41.json, us Triton / Mosaic): 512 triples (B1 4K) 15.9 /
-# 18.2, 1024 (B1 8K) 21.4 / 19.5, (B2 4K) 20.4 / 20.9, 2048 (B1 16K) 28.6 / 25.3, (B4 4K) 27.5 / 25.9,
-# 4096 (B1 32K) 46.9 / 34.4. It was 4096 against XLA's merge (sessions 19 and 21).
+# below it the second launch and the merge cost more than the kernel saves. On the H200, Qwen3-8B heads, the
+# whole decode with the low-bit pages in either kernel and the split merge as one kernel, us Triton / Mosaic:
+# 512 triples (B1 4K) 15.9 / 18.2, 1024 (B1 8K) 21.4 / 19.5, (B2 4K) 20.4 / 20.9, 2048 (B1 16K) 28.6 / 25.3,
+# (B4 4K) 27.5 / 25.9, 4096 (B1 32K) 46.9 / 34.4 (docs/design.md, "The split merge kernel").
 MOSAIC_MIN_PAGES = 1024
-MAX_SPLIT_TOKENS = 4096  # measured: splits of <= 4K tokens are best from B=16 to 64 at 32K (split_sweep)
+MAX_SPLIT_TOKENS = 4096  # splits of <= 4K tokens measured best from B=16 to 64 at 32K on the H200 (split sweep)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,8 +41,10 @@ class DecodeTuning:
     n_low: splits over the low-bit region; n_vl: splits over the VL region;
     pages_per_tile: pages scanned per loop iteration (under channel_key, one sub-tile per page);
     convert: "asm" (fp16 from bit patterns through inline PTX), "magic" (bf16 from bit
-      patterns) or "cast" (int -> float); see pallas_kernels/decode.py;
-    transposed: compute K.q^T and V^T.P^T (unpacked tiles as the matmul A operand);
+      patterns, keeps bf16's range where fp16 operands would overflow) or "cast" (int -> float); see
+      pallas_kernels/decode.py;
+    sm_count: multiprocessors the splits fill; None: `hyquant_jax.backends.multiprocessor_count()` (the
+      device's, 132 off-GPU, so that plans made on a CPU match a Hopper GPU's);
     low_bit: which kernel scans the low-bit pages: "mosaic" (`pallas_kernels.decode_mgpu`; needs a Hopper
       GPU and a config `mosaic_low_bit_fits`), "triton" (the Triton kernel, with the other regions) or
       "auto" (mosaic where it fits and the cache holds at least MOSAIC_MIN_PAGES pages over all sequences
@@ -51,39 +52,31 @@ class DecodeTuning:
     mosaic_blocks_per_sm, mosaic_stages: the Mosaic kernel's splits (batch x KV heads x splits fill this
       many blocks per multiprocessor, at least 2 splits, while that fits one wave of resident blocks; past
       it the count that wastes the least of the last wave; `decode_mgpu.default_splits`) and pages in
-      flight per block; mosaic_splits: that split count itself (overrides mosaic_blocks_per_sm);
-      mosaic_pages_per_copy: pages of a slot, i.e. of each bulk copy (`low_bit_splits(pages_per_copy=...)`;
-      the largest divisor of the cache's pages up to it is used). 1, the default, is the kernel as measured;
-      mosaic_wide: the codes copied in wide rows (`low_bit_splits(wide=True)`). Both were candidates for a
-      faster stream: exact, and no faster beyond the spread on an H100 (benchmarks/NOTES.md, session 52);
-      mosaic_interleave: interleaved splits (`low_bit_splits(interleave=True)`: split s takes pages s,
-      s + splits, ..., so that a KV head's blocks read neighbouring pages at any moment); one page a copy only.
-      A test of whether DRAM locality bounds the stream: exact, and slower on an H100 (NOTES, session 53).
+      flight per block; mosaic_splits: that split count itself (overrides mosaic_blocks_per_sm).
     """
 
     n_low: int | None = None
     n_vl: int | None = None
     pages_per_tile: int | None = None
     convert: str = "asm"
-    transposed: bool = False
     num_warps: int | None = None
     num_stages: int | None = None
-    sm_count: int = H200_SMS
+    sm_count: int | None = None
     low_bit: str = "auto"
     mosaic_blocks_per_sm: int = 2
     mosaic_stages: int = 2
     mosaic_splits: int | None = None
-    mosaic_pages_per_copy: int = 1
-    mosaic_wide: bool = False
-    mosaic_interleave: bool = False
 
     def launch(self) -> tuple[int, int]:
         """(num_warps, num_stages) of the Triton launch: 4 warps / 3 stages unless set. Measured best on the
-        H200 at every case timed (benchmarks/results/decode_vl_ring_launch_h200.json, session 23: B1 1K-128K
-        4-15% faster than 2 warps / 2 stages, the earlier small-batch default; decode_vl_ring_launch_b16_h200.json:
-        B16 32K 5% faster; 4 / 3 was already the best at B16 32K for the Triton-only kernel,
-        decode_sweep_subtiles_h200.log)."""
+        H200 at every case timed: B1 1K-128K 4-15% faster than 2 warps / 2 stages, B16 32K 5% faster; 4 / 3 is
+        also the best at B16 32K for the Triton kernel alone."""
         return self.num_warps or 4, self.num_stages or 3
+
+
+def _multiprocessors(tuning: DecodeTuning) -> int:
+    """`tuning.sm_count`, or where it is None the device's (`backends.multiprocessor_count()`)."""
+    return backends.multiprocessor_count() if tuning.sm_count is None else tuning.sm_count
 
 
 def _pow2_floor(x: int) -> int:
@@ -134,18 +127,16 @@ def use_mosaic_low_bit(cache: HybridKVCache, config: HyQuantConfig, q_heads: int
         raise ValueError(f"DecodeTuning.mosaic_splits must be None or >= 1, got {tuning.mosaic_splits}")
     if tuning.low_bit == "triton":
         return False
-    from hyquant_jax.backends import is_hopper
-
     device = jax.devices()[0] if device is None else device
     fits = mosaic_low_bit_fits(cache, config, q_heads)
-    if tuning.low_bit == "mosaic" and (interpret or not fits or not is_hopper(device)):
+    if tuning.low_bit == "mosaic" and (interpret or not fits or not backends.is_hopper(device)):
         raise ValueError(
             "DecodeTuning.low_bit='mosaic' needs a Hopper GPU (not interpret mode), key_bits = value_bits = 4, "
             "scheme 'channel_key', group_size None, block_size 64, head_dim 128 and at most 16 query heads per "
             f"KV head; got {config}, head_dim {cache.head_dim}, {q_heads} query / {cache.num_kv_heads} KV heads "
             f"on {device.device_kind}")
     large = cache.batch * cache.num_kv_heads * cache.page_count.shape[1] >= MOSAIC_MIN_PAGES
-    return fits and not interpret and is_hopper(device) and (large or tuning.low_bit == "mosaic")
+    return fits and not interpret and backends.is_hopper(device) and (large or tuning.low_bit == "mosaic")
 
 
 def decode_layout(cache: HybridKVCache, config: HyQuantConfig, q_heads: int,
@@ -179,7 +170,7 @@ def decode_layout(cache: HybridKVCache, config: HyQuantConfig, q_heads: int,
         ppt = 1
     # Splits: enough thread blocks to fill the GPU at small batch, and at most MAX_SPLIT_TOKENS per split
     # at any batch (a split that scans 16K-32K tokens alone leaves the last wave nearly empty).
-    fill = _pow2_floor(4 * tuning.sm_count // (b * h))
+    fill = _pow2_floor(4 * _multiprocessors(tuning) // (b * h))
     short = _pow2_ceil(math.ceil(num_pages * config.block_size / MAX_SPLIT_TOKENS))
     if low_bit_elsewhere:
         n_low = 0
@@ -194,7 +185,7 @@ def decode_layout(cache: HybridKVCache, config: HyQuantConfig, q_heads: int,
         key_bits=config.key_bits, value_bits=config.value_bits, key_mode=key_mode, value_mode=value_mode,
         key_group=channel_group, value_group=channel_group, block=config.block_size, pages_per_tile=ppt,
         n_low=n_low, n_vl=n_vl, vl_tile=vl_tile, ring_tile=_largest_pow2_divisor(ring_size, 64),
-        ring_size=ring_size, convert=tuning.convert, transposed=tuning.transposed, ring_logits=ring_logits,
+        ring_size=ring_size, convert=tuning.convert, ring_logits=ring_logits,
     )
 
 
@@ -244,16 +235,7 @@ def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, interpret: 
 def decode_plan(cache: HybridKVCache, config: HyQuantConfig, q_heads: int, tuning: DecodeTuning = DecodeTuning(),
                 interpret: bool = False, ring_logits: bool = False):
     """The launches of `decode_attention` (static): (Triton layout, its num_warps, num_stages, and the Mosaic
-    low-bit launch (splits, stages, pages per copy, wide, interleave) or None when the Triton kernel scans the
-    low-bit pages too)."""
-    from pallas_kernels.decode_mgpu import MAX_PAGES_PER_COPY
-
-    if not 1 <= tuning.mosaic_pages_per_copy <= MAX_PAGES_PER_COPY:
-        raise ValueError(f"DecodeTuning.mosaic_pages_per_copy must be in 1..{MAX_PAGES_PER_COPY}, "
-                         f"got {tuning.mosaic_pages_per_copy}")
-    if tuning.mosaic_interleave and tuning.mosaic_pages_per_copy != 1:
-        raise ValueError(f"DecodeTuning.mosaic_interleave takes mosaic_pages_per_copy 1, "
-                         f"got {tuning.mosaic_pages_per_copy}")
+    low-bit launch (splits, stages) or None when the Triton kernel scans the low-bit pages too)."""
     mosaic = use_mosaic_low_bit(cache, config, q_heads, tuning, interpret)
     lay = decode_layout(cache, config, q_heads, tuning, low_bit_elsewhere=mosaic, ring_logits=ring_logits)
     num_warps, num_stages = tuning.launch()
@@ -263,15 +245,13 @@ def decode_plan(cache: HybridKVCache, config: HyQuantConfig, q_heads: int, tunin
 
         pages = cache.page_count.shape[1]
         splits = tuning.mosaic_splits or default_splits(cache.batch, cache.num_kv_heads, pages,
-                                                        sms=tuning.sm_count, per_sm=tuning.mosaic_blocks_per_sm)
-        per_copy = max(n for n in range(1, tuning.mosaic_pages_per_copy + 1) if pages % n == 0)
-        mosaic_launch = (splits, tuning.mosaic_stages, per_copy, bool(tuning.mosaic_wide),
-                         bool(tuning.mosaic_interleave))
+                                                        sms=_multiprocessors(tuning),
+                                                        per_sm=tuning.mosaic_blocks_per_sm)
+        mosaic_launch = (splits, tuning.mosaic_stages)
     return lay, num_warps, num_stages, mosaic_launch
 
 
-def _mosaic_low_bit(q, cache: HybridKVCache, scale: float, splits: int, stages: int, pages_per_copy: int = 1,
-                    wide: bool = False, interleave: bool = False, packed: bool = False):
+def _mosaic_low_bit(q, cache: HybridKVCache, scale: float, splits: int, stages: int, packed: bool = False):
     """The low-bit pages through `pallas_kernels.decode_mgpu`, as Triton-style splits (packed: (o, ml) as the
     kernel writes them, `low_bit_splits(..., packed=True)`, for `decode_merge`). q: [B, Hq, D]."""
     from pallas_kernels import decode_mgpu
@@ -282,8 +262,7 @@ def _mosaic_low_bit(q, cache: HybridKVCache, scale: float, splits: int, stages: 
     out = decode_mgpu.low_bit_splits(
         q if bf16 else decode_mgpu.kernel_query(q, cache.num_kv_heads, scale), cache.k_codes, cache.k_scale,
         cache.k_zero, cache.v_codes, cache.v_scale[..., 0], cache.v_zero[..., 0], cache.page_count, cache.num_pages,
-        num_splits=splits, stages=stages, packed=packed, query_scale=float(scale) if bf16 else None,
-        pages_per_copy=pages_per_copy, wide=wide, interleave=interleave)
+        num_splits=splits, stages=stages, packed=packed, query_scale=float(scale) if bf16 else None)
     return out if packed else decode_mgpu.natural_splits(*out)
 
 
@@ -304,7 +283,7 @@ def token_logits(q, k, active, lay: DecodeLayout, scale):
     """Scaled logits of a key that is not in the cache: q [B, Hq, D], k [B, H, D], active bool [B] ->
     float32 [B, H, rows] (the kernel's bf16 queries, float32 sums; -inf where not active)."""
     # bf16 rounding as an explicit op: XLA drops a float32 -> bf16 -> float32 convert pair inside a fusion
-    # (excess precision), which left these logits ~1e-3 off the kernel's on the H200 (session 42)
+    # (excess precision), which left these logits ~1e-3 off the kernel's on the H200
     qg = jax.lax.reduce_precision(_scaled_queries(q, lay, scale), exponent_bits=8, mantissa_bits=7)
     kb = jax.lax.reduce_precision(k.astype(jnp.float32), exponent_bits=8, mantissa_bits=7)
     logits = jnp.sum(qg * kb[:, :, None, :], axis=-1)  # a float32 sum, not a dot (which XLA may run in TF32)
@@ -349,8 +328,8 @@ def _run(q, cache: HybridKVCache, lay: DecodeLayout, scale, num_warps, num_stage
         token = (token_logits(q, k, active, lay, scale), v)
     if low is not None:
         # Both launches' splits in one merge launch that reads the Mosaic kernel's outputs as written
-        # (pallas_kernels.decode_merge) instead of XLA's four dependent fusions: B=1 32K 5.49 against 5.71 ms a
-        # step, 128K 6.98 against 7.20 (benchmarks/results/e2e_merge_packed_s40.json).
+        # (pallas_kernels.decode_merge) instead of XLA's four dependent fusions: on the H200, B=1 32K 5.49
+        # against 5.71 ms a decode step, 128K 6.98 against 7.20 (docs/design.md, "The split merge kernel").
         out, lse = merge_hybrid_splits(o, m, l, *low, token, group=lay.group, out_dtype=q.dtype,
                                        interpret=interpret)
     else:

@@ -80,7 +80,6 @@ class DecodeLayout:
     ring_tile: int
     ring_size: int
     convert: str  # "asm", "magic" or "cast" (see _Codes)
-    transposed: bool = False  # see _Orient
     ring_logits: bool = False  # also write the ring split's logits (for the ring scores, see hybrid_decode_splits)
 
     @property
@@ -267,46 +266,10 @@ def _round_up(x, m):
     return (x + m - 1) // m * m
 
 
-class _Orient:
-    """Tile orientation of the low-bit loop.
-
-    Normal: logits [rows, tile] = q . K^T, output [rows, width] = P . V; the
-    unpacked K/V tiles are the B operands of the matmuls. Transposed: logits
-    [tile, rows] = K . q^T and output [width, rows] = V^T . P^T; the unpacked
-    K/V tiles are the A operands, which the GPU can take from registers, so
-    only the small q / P operands pass through shared memory.
-    """
-
-    def __init__(self, transposed: bool):
-        self.t = transposed
-        self.tok = 0 if transposed else 1  # axis of the logits holding tokens
-
-    def per_row(self, x):  # vector over query rows -> broadcastable to logits
-        return x[None, :] if self.t else x[:, None]
-
-    def per_token(self, x):  # vector over tokens -> broadcastable to logits
-        return x[:, None] if self.t else x[None, :]
-
-    def logits(self, q, k):  # q [rows, w], k [tile, w]
-        return _dot_t(k, q) if self.t else _dot_t(q, k)
-
-    def pv(self, p, v):  # p like logits, v [tile, w] -> acc [w, rows] or [rows, w]
-        if self.t:
-            return lax.dot_general(v, p, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-        return _dot(p, v)
-
-    def acc_shape(self, rows, width):
-        return (width, rows) if self.t else (rows, width)
-
-    def rows_major(self, acc):
-        return acc.T if self.t else acc
-
-
 def _low_bit_split(num_pages_ref, page_count_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref,
                    o_ref, m_ref, l_ref, b, h, split, m0, l0, lay: DecodeLayout, interpret: bool):
     rows = lay.rows
     ppt = lay.pages_per_tile
-    o = _Orient(lay.transposed)
     key_parts = _parts(lay.key_bits, lay.head_dim, lay.key_group, lay.key_mode)
     value_parts = _parts(lay.value_bits, lay.head_dim, lay.value_group, lay.value_mode)
     k_half = 2.0 ** (lay.key_bits - 1) if lay.key_mode == "sym" else 0.0
@@ -332,14 +295,14 @@ def _low_bit_split(num_pages_ref, page_count_ref, q_ref, kc_ref, ks_ref, kz_ref,
     n_sub, sub = ppt // sub_pages, sub_pages * lay.block
     slot = lax.broadcasted_iota(jnp.int32, (sub,), 0)
     slot_page, slot_within = slot // lay.block, slot % lay.block
-    accs0 = [jnp.zeros(o.acc_shape(rows, width), jnp.float32) for (_, width, _, _, _) in value_parts]
+    accs0 = [jnp.zeros((rows, width), jnp.float32) for (_, width, _, _, _) in value_parts]
 
     def logits(page, t0):
-        """Logits [rows, sub] (or transposed) of the `sub` low-bit keys from slot t0 (page `page`), unmasked."""
-        s = jnp.zeros((sub, rows) if o.t else (rows, sub), jnp.float32)
+        """Logits [rows, sub] of the `sub` low-bit keys from slot t0 (page `page`), unmasked."""
+        s = jnp.zeros((rows, sub), jnp.float32)
         if lay.key_mode == "raw":
             k = kc_ref[b, h, pl.ds(t0, sub), :].astype(jnp.bfloat16)
-            return s + o.logits(q_parts[0].astype(jnp.bfloat16), k)
+            return s + _dot_t(q_parts[0].astype(jnp.bfloat16), k)
         loaded = {}
         group_raw, group_qsum = {}, {}  # per scale group: sum_j q_j . (code_j - half), sum of q
         for (col0, width, _, dim0, grp), c, qd, qs in zip(key_parts, k_codes, q_dots, q_sums):
@@ -354,19 +317,19 @@ def _low_bit_split(num_pages_ref, page_count_ref, q_ref, kc_ref, ks_ref, kz_ref,
                 zc = kz_ref[b, h, page, pl.ds(dim0, width)].astype(jnp.float32)
                 codes = kf + jnp.asarray(c.unit * c.center, kf.dtype) if c.center else kf
                 kd = codes * (sc / c.unit).astype(kf.dtype)[None, :] + zc.astype(kf.dtype)[None, :]
-                s = s + o.logits(qd, kd)
+                s = s + _dot_t(qd, kd)
                 continue
-            raw = o.logits(qd, kf)
+            raw = _dot_t(qd, kf)
             if c.delta:
-                raw = raw + c.delta * o.per_row(qs)
+                raw = raw + c.delta * qs[:, None]
             group_raw[grp] = group_raw[grp] + raw if grp in group_raw else raw
             group_qsum[grp] = group_qsum[grp] + qs if grp in group_qsum else qs
         for grp, raw in group_raw.items():
             sc = ks_ref[b, h, pl.ds(t0, sub), grp].astype(jnp.float32)
-            s = s + o.per_token(sc) * raw
+            s = s + sc[None, :] * raw
             if lay.key_mode == "asym":
                 zc = kz_ref[b, h, pl.ds(t0, sub), grp].astype(jnp.float32)
-                s = s + o.per_token(zc) * o.per_row(group_qsum[grp])
+                s = s + zc[None, :] * group_qsum[grp][:, None]
         return s
 
     def sub_tile(first_page):
@@ -376,45 +339,45 @@ def _low_bit_split(num_pages_ref, page_count_ref, q_ref, kc_ref, ks_ref, kz_ref,
             count = jnp.where(slot_page == k, page_count_ref[b, first_page + k], count)
         valid = (slot_within < count) & (first_page + slot_page < p1)
         t0 = first_page * lay.block
-        return jnp.where(o.per_token(valid), logits(first_page, t0), -jnp.inf), t0
+        return jnp.where(valid[None, :], logits(first_page, t0), -jnp.inf), t0
 
     def body(i, carry):
         m, l, accs = carry
         tiles = [sub_tile(p0 + i * ppt + j * sub_pages) for j in range(n_sub)]
         m_new = m
         for s, _ in tiles:
-            m_new = jnp.maximum(m_new, jnp.max(s, axis=o.tok))
+            m_new = jnp.maximum(m_new, jnp.max(s, axis=1))
         alpha = jnp.exp(m - m_new)
-        probs = [jnp.exp(s - o.per_row(m_new)) for s, _ in tiles]
+        probs = [jnp.exp(s - m_new[:, None]) for s, _ in tiles]
         l = alpha * l
         for p in probs:
-            l = l + jnp.sum(p, axis=o.tok)
+            l = l + jnp.sum(p, axis=1)
 
         # Accumulators hold unit * (sum of p * v) per value part; the store divides by unit.
-        new_accs = [o.per_row(alpha) * acc for acc in accs]
+        new_accs = [alpha[:, None] * acc for acc in accs]
         for p, (_, t0) in zip(probs, tiles):
             loaded = {}
             for n, ((col0, width, _, dim0, grp), c) in enumerate(zip(value_parts, v_codes)):
                 if lay.value_mode == "raw":
                     v = vc_ref[b, h, pl.ds(t0, sub), :].astype(jnp.bfloat16)
-                    new_accs[n] = new_accs[n] + o.pv(p.astype(jnp.bfloat16), v)
+                    new_accs[n] = new_accs[n] + _dot(p.astype(jnp.bfloat16), v)
                     continue
                 if col0 not in loaded:
                     loaded[col0] = vc_ref[b, h, pl.ds(t0, sub), pl.ds(col0, width)]
                 vf = _unpack(loaded[col0], c, interpret)
                 sc = vs_ref[b, h, pl.ds(t0, sub), grp].astype(jnp.float32)
-                pp = (p * o.per_token(sc)).astype(c.dtype)
-                acc = new_accs[n] + o.pv(pp, vf)
+                pp = (p * sc[None, :]).astype(c.dtype)
+                acc = new_accs[n] + _dot(pp, vf)
                 if c.delta:
-                    acc = acc + o.per_row(c.unit * c.delta * jnp.sum(pp.astype(jnp.float32), axis=o.tok))
+                    acc = acc + (c.unit * c.delta * jnp.sum(pp.astype(jnp.float32), axis=1))[:, None]
                 if lay.value_mode == "asym":
                     zc = vz_ref[b, h, pl.ds(t0, sub), grp].astype(jnp.float32)
-                    acc = acc + o.per_row(c.unit * jnp.sum(p * o.per_token(zc), axis=o.tok))
+                    acc = acc + (c.unit * jnp.sum(p * zc[None, :], axis=1))[:, None]
                 new_accs[n] = acc
         return m_new, l, new_accs
 
     m, l, accs = lax.fori_loop(0, n_iter, body, (m0, l0, accs0))
-    outs = [((dim0, width), o.rows_major(acc) * (1.0 / c.unit))
+    outs = [((dim0, width), acc * (1.0 / c.unit))
             for (_, width, _, dim0, _), c, acc in zip(value_parts, v_codes, accs)]
     _store_split(o_ref, m_ref, l_ref, b, h, split, outs, m, l, lay)
 

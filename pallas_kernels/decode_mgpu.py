@@ -5,8 +5,8 @@ scale and zero point per token, head_dim 128, pages of 64 tokens, GQA groups of 
 One new query token per sequence; the output is the split-K partial state (unnormalized output, running
 max and denominator per split), merged by log-sum-exp like the Triton kernel's splits.
 
-Why this kernel exists (benchmarks/NOTES.md, "Where the decode kernel stands"): the Triton kernel spends
-~54 warp instructions per (token, KV head), so it moves 4-bit codes at ~1 TB/s, a third of the HBM speed.
+Why this kernel exists (docs/design.md, "Two decode kernels"): the Triton kernel spends ~54 warp instructions
+per (token, KV head), so on the H200 it moves 4-bit codes at ~1 TB/s, a third of the HBM speed.
 Here the 4-bit codes become fp16 wgmma operands with one prmt (keys) or shift (values) per 4 codes and one
 lop3 and one f16x2 op per 2 codes (keys add their f16x2 dequantizing multiply-add), and no relayout:
 
@@ -47,7 +47,7 @@ from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.decode import merge_splits
-from pallas_kernels.prefill_mgpu import _swizzled  # tiling + swizzle transforms of a shared-memory operand
+from pallas_kernels.mosaic_common import swizzled
 
 PAGE = 64  # tokens per page
 HEAD_DIM = 128
@@ -177,7 +177,7 @@ def _key_tile(ctx, codes, scale, zero, staging):
     return mgpu.FragmentedArray(_registers=regs, _layout=layout, _is_signed=None)
 
 
-def _value_tile(ctx, codes, *, wide: bool = False):
+def _value_tile(ctx, codes):
     """Value codes as f16 [128, 64 tokens] in the WGMMA layout (A operand of out^T = V^T . P^T), read from the
     cache's own page layout with transposing matrix loads.
 
@@ -187,8 +187,6 @@ def _value_tile(ctx, codes, *, wide: bool = False):
     tile c. The code masks read only the low bytes of the two f16 halves, so byte column 0 is used as loaded
     and byte column 1 after one shift right by 8 (no prmt). Row 64R + 16w + 8h + g of the
     tile is channel VALUE_CHANNELS[row] = 64R + 16w + 2g + h (R: nibble, h: byte of the pair).
-    wide: codes is the same page as uint8 [32, 128] (two tokens a row) with the 128-byte swizzle (chunk c of
-    row r at c ^ (r % 8)); the addresses follow, the tile is the same.
     """
     del ctx
     i32 = ir.IntegerType.get_signless(32)
@@ -200,14 +198,8 @@ def _value_tile(ctx, codes, *, wide: bool = False):
     for quad in range(2):
         # lane l supplies the address of row l % 8 of tile 4 * quad + l // 8: token 8 * tile + l % 8, chunk w
         token = arith.addi(arith.muli(arith.addi(arith.divui(lane, c(8)), c(4 * quad)), c(8)), arith.remui(lane, c(8)))
-        if wide:  # [32, 128]-byte page, 128-byte swizzle: token t is row t // 2 from byte 64 (t % 2), chunk c of
-            # row r at c ^ (r % 8)
-            row = arith.divui(token, c(2))
-            chunk = arith.xori(arith.addi(arith.muli(arith.remui(token, c(2)), c(4)), w), arith.remui(row, c(8)))
-            addr = arith.addi(base, arith.addi(arith.muli(row, c(128)), arith.muli(chunk, c(16))))
-        else:
-            chunk = arith.xori(w, arith.remui(arith.divui(token, c(2)), c(4)))
-            addr = arith.addi(base, arith.addi(arith.muli(token, c(PAGE)), arith.muli(chunk, c(16))))
+        chunk = arith.xori(w, arith.remui(arith.divui(token, c(2)), c(4)))
+        addr = arith.addi(base, arith.addi(arith.muli(token, c(PAGE)), arith.muli(chunk, c(16))))
         tiles = mgpu_utils.inline_ptx(
             "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {$0, $1, $2, $3}, [$4];", addr,
             result_types=[i32] * 4)
@@ -315,75 +307,45 @@ VALUE_CHANNELS = _value_channels()
 NATURAL_FROM_VALUE_ROWS = np.argsort(VALUE_CHANNELS)
 
 
-def split_pages(num_pages, split, num_splits: int, pages_per_copy: int = 1):
-    """(first_chunk, stop_chunk, first, stop) of split `split`: its chunks of pages_per_copy pages and the pages
-    it attends, first <= page < stop. Splits take whole chunks, ceil(chunks / num_splits) each (the last ones
-    fewer or none); a sequence's last chunk may be cut by num_pages. Ints or int32 arrays (traced in the
-    kernel); with one page a chunk, chunks and pages are the same."""
-    if pages_per_copy == 1:
-        per_split = (num_pages + num_splits - 1) // num_splits
-        first = jnp.minimum(split * per_split, num_pages)
-        stop = jnp.minimum(first + per_split, num_pages)
-        return first, stop, first, stop
-    chunks = (num_pages + pages_per_copy - 1) // pages_per_copy
-    per_split = (chunks + num_splits - 1) // num_splits
-    first_chunk = jnp.minimum(split * per_split, chunks)
-    stop_chunk = jnp.minimum(first_chunk + per_split, chunks)
-    return first_chunk, stop_chunk, first_chunk * pages_per_copy, jnp.minimum(stop_chunk * pages_per_copy, num_pages)
-
-
-def interleaved_pages(num_pages, split, num_splits: int):
-    """(count, page_of) of split `split` with interleaved splits (`low_bit_splits(interleave=True)`): it takes
-    the pages split, split + num_splits, ... below num_pages, `count` of them, page_of(i) the i-th. Ints or
-    int32 arrays (traced in the kernel)."""
-    return jnp.maximum(num_pages - split + num_splits - 1, 0) // num_splits, lambda i: split + i * num_splits
+def split_pages(num_pages, split, num_splits: int):
+    """(first, stop): the pages split `split` attends, first <= page < stop. Splits take contiguous runs of
+    ceil(num_pages / num_splits) pages (the last ones fewer or none). Ints or int32 arrays (traced in the
+    kernel)."""
+    per_split = (num_pages + num_splits - 1) // num_splits
+    first = jnp.minimum(split * per_split, num_pages)
+    stop = jnp.minimum(first + per_split, num_pages)
+    return first, stop
 
 
 def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_ref, o_ref, ml_ref,
             q_s, kc_s, ks_s, kz_s, vc_s, vs_s, vz_s, staging_s, p_s, o_s, ml_s, flag_s, setup_bar, full,
-            *query_staging, stages: int, num_splits: int, group: int, query_scale: float | None,
-            pages_per_copy: int = 1, wide: bool = False, interleave: bool = False):
+            *query_staging, stages: int, num_splits: int, group: int, query_scale: float | None):
     b, h, split = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("splits")
-    ppc = pages_per_copy  # pages a slot holds: each of its six copies moves that many pages' worth
     if query_scale is None:
         plgpu.copy_gmem_to_smem(q_ref.at[b, h], q_s, setup_bar)
     else:  # the step's q as the model computed it: this KV head's group of rows, prepared after the copy
         plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(h * group, group)], query_staging[0], setup_bar)
     num_pages = plgpu.load(np_ref.at[b])
-    if interleave:  # the loop runs over i = 0 .. taken - 1, the split's pages split + i * num_splits (ppc is 1)
-        taken, page_of = interleaved_pages(num_pages, split, num_splits)
-        first_chunk, stop_chunk, first, stop = 0, taken, 0, taken
-    else:  # the loop runs over the pages themselves
-        first_chunk, stop_chunk, first, stop = split_pages(num_pages, split, num_splits, ppc)
-        page_of = lambda i: i  # noqa: E731
+    first, stop = split_pages(num_pages, split, num_splits)
 
-    def issue(chunk, slot):
-        """Copy chunk `chunk` (pages chunk * ppc onwards) into slot `slot`, whose pages are the buffers
-        slot * ppc .. slot * ppc + ppc - 1 (with ppc > 1 or wide the codes and value parameters come as
-        page-major views, [pages, 64, 64] or wide [pages, 16, 256] and [pages, 32, 128] bytes)."""
+    def issue(page, slot):
+        """Copy page `page` into slot `slot` (COPIES_PER_PAGE bulk copies behind the slot's barrier)."""
         bar = full.at[slot]
-        if ppc == 1 and not wide:  # the copies as they were before the options: the same code is generated
-            page = page_of(chunk)
-            plgpu.copy_gmem_to_smem(kc_ref.at[b, h, pl.ds(page * PAGE, PAGE)], kc_s.at[slot], bar)
-            plgpu.copy_gmem_to_smem(ks_ref.at[b, h, page], ks_s.at[slot], bar)
-            plgpu.copy_gmem_to_smem(kz_ref.at[b, h, page], kz_s.at[slot], bar)
-            plgpu.copy_gmem_to_smem(vc_ref.at[b, h, pl.ds(page * PAGE, PAGE)], vc_s.at[slot], bar)
-            plgpu.copy_gmem_to_smem(vs_ref.at[b, h, pl.ds(page * PAGE, PAGE)], vs_s.at[slot], bar)
-            plgpu.copy_gmem_to_smem(vz_ref.at[b, h, pl.ds(page * PAGE, PAGE)], vz_s.at[slot], bar)
-            return
-        src, dst = pl.ds(page_of(chunk) * ppc, ppc), pl.ds(slot * ppc, ppc)
-        for ref, buf in ((kc_ref, kc_s), (ks_ref, ks_s), (kz_ref, kz_s), (vc_ref, vc_s), (vs_ref, vs_s),
-                         (vz_ref, vz_s)):
-            plgpu.copy_gmem_to_smem(ref.at[b, h, src], buf.at[dst], bar)
+        plgpu.copy_gmem_to_smem(kc_ref.at[b, h, pl.ds(page * PAGE, PAGE)], kc_s.at[slot], bar)
+        plgpu.copy_gmem_to_smem(ks_ref.at[b, h, page], ks_s.at[slot], bar)
+        plgpu.copy_gmem_to_smem(kz_ref.at[b, h, page], kz_s.at[slot], bar)
+        plgpu.copy_gmem_to_smem(vc_ref.at[b, h, pl.ds(page * PAGE, PAGE)], vc_s.at[slot], bar)
+        plgpu.copy_gmem_to_smem(vs_ref.at[b, h, pl.ds(page * PAGE, PAGE)], vs_s.at[slot], bar)
+        plgpu.copy_gmem_to_smem(vz_ref.at[b, h, pl.ds(page * PAGE, PAGE)], vz_s.at[slot], bar)
 
     for k in range(stages):
-        @pl.when(first_chunk + k < stop_chunk)
+        @pl.when(first + k < stop)
         def _prologue(k=k):
-            issue(first_chunk + k, k)
+            issue(first + k, k)
 
     plgpu.barrier_wait(setup_bar)
     if query_scale is not None:
-        plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType(transforms=_swizzled(jnp.float16, HEAD_DIM))))(
+        plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType(transforms=swizzled(jnp.float16, HEAD_DIM))))(
             functools.partial(_prepare_query, group=group, scale=query_scale))(query_staging[0], q_s)
         plgpu.commit_smem()  # q visible to the tensor cores
     wg = plgpu.Layout.WGMMA
@@ -391,9 +353,8 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
         arg_types=(plgpu.RefType(),) * 4,
         return_type=plgpu.ShapeDtypeStruct((PAGE, HEAD_DIM), jnp.float16, layout=wg))(_key_tile)
     value_tile = plgpu.inline_mgpu(
-        arg_types=(plgpu.RefType(transforms=_swizzled(jnp.uint8, 128 if wide else BYTES)),),
-        return_type=plgpu.ShapeDtypeStruct((HEAD_DIM, PAGE), jnp.float16, layout=wg))(
-            functools.partial(_value_tile, wide=True) if wide else _value_tile)
+        arg_types=(plgpu.RefType(transforms=swizzled(jnp.uint8, BYTES)),),
+        return_type=plgpu.ShapeDtypeStruct((HEAD_DIM, PAGE), jnp.float16, layout=wg))(_value_tile)
     mark_page = plgpu.inline_mgpu(arg_types=(wg, wg, plgpu.RefType()))(_mark_page)
     # ordered before the first page's marks by the key staging barrier of that page
     plgpu.inline_mgpu(arg_types=(plgpu.RefType(),))(_clear_flags)(flag_s)
@@ -402,28 +363,18 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
 
     def body(page, carry):
         # The named scopes are the regions of the optional trace (`low_bit_splits(profile_dir=...)`); without
-        # it they generate no code. With interleave, `page` is the loop's index and page_of(page) the page.
+        # it they generate no code.
         acc, m, l_part, z_part = carry
-        if ppc == 1:
-            slot = buf = (page - first) % stages
-        else:  # page `sub` of the chunk in slot `slot`
-            chunk, sub = (page - first) // ppc, (page - first) % ppc
-            slot = chunk % stages
-            buf = slot * ppc + sub
-        count = plgpu.load(cnt_ref.at[b, page_of(page)])  # issued before the wait: its latency hides behind the copy
+        slot = (page - first) % stages
+        count = plgpu.load(cnt_ref.at[b, page])  # issued before the wait: its latency hides behind the copy
         with jax.named_scope("wait"):
-            if ppc == 1:
-                plgpu.barrier_wait(full.at[slot])
-            else:
-                @pl.when(sub == 0)
-                def _wait():
-                    plgpu.barrier_wait(full.at[slot])
+            plgpu.barrier_wait(full.at[slot])
         with jax.named_scope("keys"):
-            keys = key_tile(kc_s.at[buf], ks_s.at[buf], kz_s.at[buf], staging_s)
+            keys = key_tile(kc_s.at[slot], ks_s.at[slot], kz_s.at[slot], staging_s)
 
         def qk(acc_ref):
             plgpu.wgmma(acc_ref, keys, q_s.T)
-            values = value_tile(vc_s.at[buf])  # unpacked while the tensor cores run Q.K
+            values = value_tile(vc_s.at[slot])  # unpacked while the tensor cores run Q.K
             return acc_ref[...], values
 
         with jax.named_scope("qk_values"):
@@ -431,8 +382,8 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
         with jax.named_scope("softmax"):
             tokens = plgpu.broadcasted_iota(jnp.int32, (PAGE, ROWS), 0, layout=wg)
             s = jnp.where(tokens < count, s, -jnp.inf)
-            v_scale = plgpu.load(vs_s.at[buf], layout=wg.reduce(1)).astype(jnp.float32)
-            v_zero = plgpu.load(vz_s.at[buf], layout=wg.reduce(1)).astype(jnp.float32)
+            v_scale = plgpu.load(vs_s.at[slot], layout=wg.reduce(1)).astype(jnp.float32)
+            v_zero = plgpu.load(vz_s.at[slot], layout=wg.reduce(1)).astype(jnp.float32)
 
             # Lazy max: the running max m is kept unless a logit of this page exceeds it by more than
             # LAZY_MAX_SLACK, so p = 2^(s - m) <= 2^LAZY_MAX_SLACK and no cross-warp maximum is needed. A thread
@@ -462,14 +413,9 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
         with jax.named_scope("redo"):
             acc, m, l_part, z_part = lax.cond(flag_s[page % 2] == page + 1, redo, keep)
 
-        if ppc == 1:
-            following = page + stages
-            refill = following < stop
-        else:  # after the chunk's last page, when every thread is done with the slot
-            following = first_chunk + chunk + stages
-            refill = (sub == ppc - 1) & (following < stop_chunk)
+        following = page + stages
 
-        @pl.when(refill)
+        @pl.when(following < stop)
         def _refill():
             # One warp issues the slot's copies; the other three skip their address arithmetic.
             @plgpu.warp_map
@@ -484,8 +430,8 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
 
         with jax.named_scope("pv"):
             # Each page's P.V starts from zero and is added here: accumulating all pages inside the tensor
-            # cores loses precision with the number of pages (relative error ~3e-5 per page, 1.4e-2 over
-            # 512 pages, benchmarks/NOTES.md).
+            # cores loses precision with the number of pages (on the H200, relative error ~3e-5 per page,
+            # 1.4e-2 over 512 pages).
             acc = acc + pl.run_scoped(pv, plgpu.ACC((HEAD_DIM, ROWS), jnp.float32))
         return acc, m, l_part, z_part
 
@@ -503,15 +449,10 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
     plgpu.wait_smem_to_gmem(0)
 
 
-MAX_PAGES_PER_COPY = 4  # a TMA box has at most 256 rows: 4 pages of 64 value scales
-
-
-@functools.partial(jax.jit, static_argnames=("num_splits", "stages", "profile_dir", "packed", "query_scale",
-                                             "pages_per_copy", "wide", "interleave"))
+@functools.partial(jax.jit, static_argnames=("num_splits", "stages", "profile_dir", "packed", "query_scale"))
 def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_count, num_pages, *,
                    num_splits: int, stages: int = 2, profile_dir: str | None = None, packed: bool = False,
-                   query_scale: float | None = None, pages_per_copy: int = 1, wide: bool = False,
-                   interleave: bool = False):
+                   query_scale: float | None = None):
     """Split-K decode attention over the low-bit pages of each (sequence, KV head), on the cache's own arrays.
 
     q: f16 [B, H, 16, 128], query rows of each KV head's GQA group (zero rows past the group), channels in
@@ -531,19 +472,9 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
     (`benchmarks/profile_decode_mgpu.py` summarizes it). The profile adds a few cycles per region.
     packed: return (o, ml) as the kernel writes them, o f32 [B, H, splits, 128, 16] and ml f32
     [B, H, splits, 2, 16] (m, l), with no transpose or slice after the kernel (`decode_merge` reads them so).
-    pages_per_copy: pages a slot holds (1 to MAX_PAGES_PER_COPY, dividing the cache's pages): each slot is
-    filled by six copies of that many pages' codes and parameters, and splits are whole runs of such chunks.
-    Larger copies were a candidate for a faster stream; 1 is the kernel as timed in benchmarks/NOTES.md. On an
-    H100 (session 52, results/decode_mgpu_pages_per_copy_h100_s52.json) 2 and 4 pass the oracle tests and are
-    no faster beyond the spread (4 is 35% slower at B16 32K).
-    wide: copy a page's codes in wider rows, the keys as a [16, 256]-byte box and the values as [32, 128] bytes
-    with the 128-byte swizzle (the same bytes; session 38's `wide` variant, exact on the H200 and no faster
-    alone, its copy-only floor 13-20% faster); with pages_per_copy exact and no faster on an H100 (session 52).
-    interleave: split s takes the pages s, s + num_splits, s + 2 num_splits, ... instead of a contiguous run
-    (pages_per_copy 1 only), so that at any moment the blocks of a KV head read neighbouring pages: fewer,
-    wider streams through memory. The splits' results differ only in which pages they hold; `merge`'s output
-    is the same up to float rounding. Exact (GPU oracle tests) and 1-8% slower on an H100 (session 53,
-    results/decode_mgpu_interleave_s53.json).
+    Split s attends the contiguous run of pages `split_pages(num_pages, s, num_splits)`, one page a slot and
+    `stages` slots in flight (larger copies, wider code rows and interleaved splits measured no faster:
+    docs/design.md, "Answered questions").
     """
     bsz, heads, slots, _ = k_codes.shape
     pages = slots // PAGE
@@ -568,33 +499,24 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
             raise ValueError(f"{name} must be {jnp.dtype(dtype).name} {shape}, got {x.dtype} {x.shape}")
     if num_splits < 1 or stages < 1:
         raise ValueError(f"num_splits and stages must be >= 1, got {num_splits}, {stages}")
-    ppc = pages_per_copy
-    if not 1 <= ppc <= MAX_PAGES_PER_COPY or pages % ppc:
-        raise ValueError(f"pages_per_copy must be in 1..{MAX_PAGES_PER_COPY} and divide the cache's {pages} pages, "
-                         f"got {ppc}")
-    if interleave and ppc != 1:
-        raise ValueError(f"interleave takes pages_per_copy 1, got {ppc}")
     f32, u8, bf16 = jnp.float32, jnp.uint8, jnp.bfloat16
-    key_rows, value_rows = ((16, 256), (32, 128)) if wide else ((PAGE, BYTES), (PAGE, BYTES))  # a page's code bytes
     kernel = plgpu.kernel(
         functools.partial(_kernel, stages=stages, num_splits=num_splits, group=group,
-                          query_scale=None if query_scale is None else float(query_scale),
-                          **(dict(pages_per_copy=ppc) if ppc > 1 else {}), **(dict(wide=True) if wide else {}),
-                          **(dict(interleave=True) if interleave else {})),
+                          query_scale=None if query_scale is None else float(query_scale)),
         out_type=(jax.ShapeDtypeStruct((bsz, heads, num_splits, HEAD_DIM, ROWS), f32),
                   jax.ShapeDtypeStruct((bsz, heads, num_splits, 2, ROWS), f32)),
         grid=(bsz, heads, num_splits),
         grid_names=("batch", "heads", "splits"),
         scratch_types=[
-            plgpu.SMEM((ROWS, HEAD_DIM), jnp.float16, transforms=_swizzled(jnp.float16, HEAD_DIM)),
-            plgpu.SMEM((stages * ppc, *key_rows), u8),
-            plgpu.SMEM((stages * ppc, HEAD_DIM), bf16),
-            plgpu.SMEM((stages * ppc, HEAD_DIM), bf16),
-            plgpu.SMEM((stages * ppc, *value_rows), u8, transforms=_swizzled(u8, value_rows[1])),  # row-wide swizzle
-            plgpu.SMEM((stages * ppc, PAGE), bf16),
-            plgpu.SMEM((stages * ppc, PAGE), bf16),
+            plgpu.SMEM((ROWS, HEAD_DIM), jnp.float16, transforms=swizzled(jnp.float16, HEAD_DIM)),
+            plgpu.SMEM((stages, PAGE, BYTES), u8),
+            plgpu.SMEM((stages, HEAD_DIM), bf16),
+            plgpu.SMEM((stages, HEAD_DIM), bf16),
+            plgpu.SMEM((stages, PAGE, BYTES), u8, transforms=swizzled(u8, BYTES)),  # 64-byte swizzle
+            plgpu.SMEM((stages, PAGE), bf16),
+            plgpu.SMEM((stages, PAGE), bf16),
             plgpu.SMEM((HEAD_DIM,), jnp.int32),  # f16 pairs of the key scales and zeros
-            plgpu.SMEM((PAGE, ROWS), jnp.float16, transforms=_swizzled(jnp.float16, ROWS)),
+            plgpu.SMEM((PAGE, ROWS), jnp.float16, transforms=swizzled(jnp.float16, ROWS)),
             plgpu.SMEM((HEAD_DIM, ROWS), f32),
             plgpu.SMEM((2, ROWS), f32),
             plgpu.SMEM((2,), jnp.int32),  # lazy max: pages marked for an exact redo
@@ -610,16 +532,12 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
         compiler_params=plgpu.CompilerParams(
             unsafe_no_auto_barriers=True,
             # exp2 as one ex2.approx.ftz (results below 2^-126 flush to 0); without it ptxas wraps each exp2 in
-            # a 4-instruction subnormal range fix-up (the session-21 SASS, benchmarks/results/decode_mgpu_s21.sass)
+            # a 4-instruction subnormal range fix-up (seen in the kernel's SASS, benchmarks/mosaic_sass.py)
             approx_math=True,
             # regions x (begin, end) per page of the longest split, plus slack; bounds-checked anyway
             **(dict(profile_space=16 * (pages // num_splits + 2), profile_dir=profile_dir,
                     profile_bounds_check=True) if profile_dir else {})),
     )
-    if ppc > 1 or wide:  # page-major views (free reshapes), so that one copy takes whole pages
-        k_codes = k_codes.reshape(bsz, heads, pages, *key_rows)
-        v_codes = v_codes.reshape(bsz, heads, pages, *value_rows)
-        v_scale, v_zero = (x.reshape(bsz, heads, pages, PAGE) for x in (v_scale, v_zero))
     o_t, ml = kernel(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_count, num_pages)
     if packed:
         return o_t, ml
@@ -686,16 +604,16 @@ def default_splits(batch: int, heads: int, pages: int, sms: int = 132, per_sm: i
 
     While batch * heads * splits blocks fit in one wave (`resident_per_sm` blocks per multiprocessor: 3 at
     the kernel's 135 registers; `per_sm` if larger), the splits give `per_sm` blocks per multiprocessor, at
-    least 2 and at most one per page. The H200 sweep (`results/decode_mgpu_splits_h200.json`): 2 per
-    multiprocessor beat 4 and 8 at B1 32K and 128K and B16 32K.
+    least 2 and at most one per page. On the H200, 2 per multiprocessor beat 4 and 8 at B1 32K and 128K and
+    B16 32K (docs/design.md, "Split heuristic").
 
     Past one wave, the split count (at least 2) minimises waves x (pages per block + `block_overhead_pages`):
     the time if each wave waits for its slowest block. At B25 32K, 2 splits launch 400 blocks, a wave of 396
-    and one of 4, and took 0.525 ms against 0.396 ms at 5 splits (`results/decode_split_waves_h200.json`).
-    With a 16-page overhead per block the rule picks the fastest count measured there at B24, 25, 28, 64,
-    74 and 76 (2, 5, 5, 3, 2, 3); its choices at B32 (3) and B40 (6) were as fast as or faster than 1, 2
-    and 3 splits (`results/decode_split_waves2_h200.json`). The model alone would take 1 split at B48 (one
-    wave of 384 blocks), which measured 3% slower than 2; at B64 and B72, 1 split was 7-10% slower than 2.
+    and one of 4, and took 0.525 ms against 0.396 ms at 5 splits on the H200. With a 16-page overhead per
+    block the rule picks the fastest count measured there at B24, 25, 28, 64, 74 and 76 (2, 5, 5, 3, 2, 3);
+    its choices at B32 (3) and B40 (6) are as fast as or faster than 1, 2 and 3 splits. The model alone would
+    take 1 split at B48 (one wave of 384 blocks), which measured 3% slower than 2; at B64 and B72, 1 split is
+    7-10% slower than 2 (docs/design.md, "Split heuristic").
     """
     units = max(batch * heads, 1)
     splits = max(1, min(pages, max(2, math.ceil(sms * per_sm / units))))

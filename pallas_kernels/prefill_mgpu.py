@@ -34,6 +34,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from pallas_kernels.mosaic_common import swizzled
+
 LOG2E = math.log2(math.e)
 M_INIT = -1e30
 BLOCK = 64  # query rows per compute warpgroup (the wgmma M); also the smallest key step
@@ -48,12 +50,6 @@ MAGIC = 12582912.0
 def int32_to_float_magic(x):
     """int32 array with |x| < 2**22 -> float32, exact, without a convert instruction."""
     return lax.bitcast_convert_type(x + MAGIC_BITS, jnp.float32) - MAGIC
-
-
-def _swizzled(dtype, cols: int):
-    bits = jnp.dtype(dtype).itemsize * 8
-    swizzle = plgpu.find_swizzle(cols * bits)
-    return plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle)
 
 
 def _kernel(meta_ref, q_ref, qq_ref, qrow_ref, qbias_ref, kq_ref, ks_ref, vq_ref, kvl_ref, vvl_ref, k_ref, v_ref,
@@ -358,7 +354,7 @@ def hybrid_prefill_mgpu(meta, q, qq, qrow, qbias, kq, ks, vq, vsc, kvl, vvl, k, 
         raise ValueError(f"meta must be {(b, hkv, tp // BLOCK, 4)}, got {meta.shape}")
     bf16, cw = jnp.bfloat16, compute_wgs
     # Interpret mode simulates plain SMEM arrays: no swizzled layouts there.
-    swizzled = (lambda dtype, cols: ()) if interpret else _swizzled
+    smem_transforms = (lambda dtype, cols: ()) if interpret else swizzled
     kernel = plgpu.kernel(
         functools.partial(_kernel, group=hq // hkv, num_ctas=tp // (BLOCK * cw), compute_wgs=cw,
                           block_kv=block_kv, stages=stages, pingpong=pingpong, skip_masks=skip_masks,
@@ -371,15 +367,15 @@ def hybrid_prefill_mgpu(meta, q, qq, qrow, qbias, kq, ks, vq, vsc, kvl, vvl, k, 
         num_threads=1 if interpret else cw + 1,
         thread_name="wg",
         scratch_types=[
-            plgpu.SMEM((cw, BLOCK, d), bf16, transforms=swizzled(bf16, d)),  # q, then the output
-            plgpu.SMEM((cw, BLOCK, d), jnp.int8, transforms=swizzled(jnp.int8, d)),
+            plgpu.SMEM((cw, BLOCK, d), bf16, transforms=smem_transforms(bf16, d)),  # q, then the output
+            plgpu.SMEM((cw, BLOCK, d), jnp.int8, transforms=smem_transforms(jnp.int8, d)),
             plgpu.SMEM((cw, BLOCK), jnp.float32),
             plgpu.SMEM((cw, BLOCK), jnp.float32),
             plgpu.SMEM((cw, 4), jnp.int32),
-            plgpu.SMEM((stages, block_kv, d), jnp.int8, transforms=swizzled(jnp.int8, d)),
+            plgpu.SMEM((stages, block_kv, d), jnp.int8, transforms=smem_transforms(jnp.int8, d)),
             plgpu.SMEM((stages, block_kv), jnp.float32),
-            plgpu.SMEM((stages, block_kv, d), bf16, transforms=swizzled(bf16, d)),
-            plgpu.SMEM((stages, block_kv, d), bf16, transforms=swizzled(bf16, d)),
+            plgpu.SMEM((stages, block_kv, d), bf16, transforms=smem_transforms(bf16, d)),
+            plgpu.SMEM((stages, block_kv, d), bf16, transforms=smem_transforms(bf16, d)),
             plgpu.SMEM((BLOCK, block_kv) if interpret else (8, 8), bf16),  # P, interpret mode only
             plgpu.Barrier(num_arrivals=1 + 4 * cw),
             plgpu.Barrier(num_arrivals=KEY_COPIES, num_barriers=stages),  # keys of a slot landed

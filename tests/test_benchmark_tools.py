@@ -21,11 +21,9 @@ def test_parse_tunings_fields_and_default_items():
 
 def test_parse_tunings_mosaic_splits():
     (t,) = parse_tunings("mosaic_splits=5,mosaic_stages=3")
-    assert (t.mosaic_splits, t.mosaic_stages, t.mosaic_blocks_per_sm, t.mosaic_pages_per_copy) == (5, 3, 2, 1)
-    (t,) = parse_tunings("mosaic_ppc=4,mosaic_wide=1")
-    assert t.mosaic_pages_per_copy == 4 and t.mosaic_wide
-    (t,) = parse_tunings("mosaic_il=1")
-    assert t.mosaic_interleave and not t.mosaic_wide
+    assert (t.mosaic_splits, t.mosaic_stages, t.mosaic_blocks_per_sm) == (5, 3, 2)
+    (t,) = parse_tunings("mosaic_per_sm=4,low=mosaic")
+    assert (t.mosaic_blocks_per_sm, t.low_bit, t.mosaic_splits) == (4, "mosaic", None)
 
 
 def test_select_cases_by_name_and_by_shape():
@@ -38,7 +36,7 @@ def test_select_cases_by_name_and_by_shape():
             select_cases(bad)
 
 
-@pytest.mark.parametrize("spec", ["warp=1", "warps=", "warps"])
+@pytest.mark.parametrize("spec", ["warp=1", "warps=", "warps", "mosaic_ppc=4", "mosaic_wide=1", "mosaic_il=1"])
 def test_parse_tunings_rejects_unknown_or_empty_keys(spec):
     with pytest.raises(ValueError, match="--compare-tunings"):
         parse_tunings(spec)
@@ -332,16 +330,11 @@ def test_e2e_mosaic_blocks_per_sm_reaches_the_hybrid_attention():
     assert attention.decode_tuning == DecodeTuning(mosaic_blocks_per_sm=1)
     attention, _ = e2e._attention(e2e.parse_args(["--smoke", "--mosaic-splits", "16"]), "hyquant")
     assert attention.decode_tuning == DecodeTuning(mosaic_splits=16)
-    attention, _ = e2e._attention(e2e.parse_args(["--smoke", "--mosaic-pages-per-copy", "4"]), "hyquant")
-    assert attention.decode_tuning == DecodeTuning(mosaic_pages_per_copy=4)
-    attention, _ = e2e._attention(e2e.parse_args(["--smoke", "--mosaic-wide"]), "hyquant")
-    assert attention.decode_tuning == DecodeTuning(mosaic_wide=True)
-    attention, _ = e2e._attention(e2e.parse_args(["--smoke", "--mosaic-interleave"]), "hyquant")
-    assert attention.decode_tuning == DecodeTuning(mosaic_interleave=True)
     attention, _ = e2e._attention(e2e.parse_args(["--smoke"]), "hyquant")
     assert attention.decode_tuning is None
-    for flag in ("--mosaic-splits", "--mosaic-blocks-per-sm", "--mosaic-pages-per-copy"):
+    for args in (["--mosaic-splits", "0"], ["--mosaic-blocks-per-sm", "0"], ["--mosaic-pages-per-copy", "4"],
+                 ["--mosaic-wide"], ["--mosaic-interleave"]):  # out of range, or a removed option
         with pytest.raises(SystemExit):
-            e2e.parse_args(["--smoke", flag, "0"])
+            e2e.parse_args(["--smoke", *args])
 
 

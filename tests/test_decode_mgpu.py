@@ -61,47 +61,24 @@ def test_channel_orders_are_permutations():
         assert sorted(dm.KEY_CHANNELS[v]) == sorted(list(range(16 * j, 16 * j + 16)) + list(range(64 + 16 * j, 80 + 16 * j)))
 
 
-@pytest.mark.parametrize("splits,stages,per_copy,wide,interleave", [
-    (1, 1, 1, False, False), (3, 2, 1, False, False), (8, 4, 1, False, False), (3, 2, 2, False, False),
-    (2, 3, 3, False, False), (1, 2, 4, False, False), (1, 2, 6, False, False), (3, 2, 1, True, False),
-    (2, 2, 2, True, False), (3, 2, 1, False, True), (8, 3, 1, True, True), (2, 2, 2, False, True)])
-def test_kernel_lowers_for_cuda(splits, stages, per_copy, wide, interleave):
+@pytest.mark.parametrize("splits,stages", [(1, 1), (3, 2), (8, 4), (2, 3)])
+def test_kernel_lowers_for_cuda(splits, stages):
     args = kernel_args(random_case(2, 2, 6, [5, 0], seed=0))
-    fn = jax.jit(lambda *a: dm.low_bit_splits(*a, num_splits=splits, stages=stages, pages_per_copy=per_copy,
-                                              wide=wide, interleave=interleave))
-    if per_copy > dm.MAX_PAGES_PER_COPY or 6 % per_copy:
-        with pytest.raises(ValueError, match="pages_per_copy must be in 1..4 and divide the cache's 6 pages"):
-            fn.trace(*args)
-        return
-    if interleave and per_copy > 1:
-        with pytest.raises(ValueError, match="interleave takes pages_per_copy 1, got 2"):
-            fn.trace(*args)
-        return
+    fn = jax.jit(lambda *a: dm.low_bit_splits(*a, num_splits=splits, stages=stages))
     assert "mosaic_gpu" in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
 def test_splits_cover_every_page_once():
-    """`split_pages`: over a sequence's splits, every page in use is attended exactly once, each split's pages
-    are whole chunks but for the sequence's last, and a chunk is copied by exactly one split; the same for
-    `interleaved_pages`."""
+    """`split_pages`: over a sequence's splits, every page in use is attended exactly once, in order, each
+    split a contiguous run of at most ceil(num_pages / num_splits) pages."""
     for num_pages in range(0, 40):
         for num_splits in (1, 2, 3, 5, 8, 33):
-            for ppc in (1, 2, 3, 4):
-                seen, chunks = [], []
-                for split in range(num_splits):
-                    fc, sc, first, stop = (int(x) for x in dm.split_pages(num_pages, split, num_splits, ppc))
-                    assert first == fc * ppc and stop == min(sc * ppc, num_pages) and fc <= sc
-                    seen += range(first, stop)
-                    chunks += range(fc, sc)
-                assert seen == list(range(num_pages)), (num_pages, num_splits, ppc)
-                assert chunks == list(range(-(-num_pages // ppc))), (num_pages, num_splits, ppc)
-            taken = []  # interleaved: split s takes s, s + num_splits, ..., each page once
+            seen = []
             for split in range(num_splits):
-                count, page_of = dm.interleaved_pages(num_pages, split, num_splits)
-                pages = [int(page_of(i)) for i in range(int(count))]
-                assert pages == list(range(split, num_pages, num_splits)), (num_pages, num_splits, split)
-                taken += pages
-            assert sorted(taken) == list(range(num_pages))
+                first, stop = (int(x) for x in dm.split_pages(num_pages, split, num_splits))
+                assert first <= stop and stop - first <= -(-num_pages // num_splits)
+                seen += range(first, stop)
+            assert seen == list(range(num_pages)), (num_pages, num_splits)
 
 
 @pytest.mark.parametrize("group", [1, 4, 5, 16])
@@ -185,12 +162,9 @@ def test_oracle_is_attention_over_the_valid_tokens():
     np.testing.assert_allclose(l[0, 0], p.sum(axis=1), rtol=1e-12)
 
 
-def _emulated_low_bit_splits(*args, num_splits, stages, packed=False, query_scale=None, pages_per_copy=1,
-                             wide=False, interleave=False):
-    """`low_bit_splits` as one split (the rest empty), from the float64 oracle: same inputs, same outputs (the
-    pages a copy, wide rows and the interleaved splits change only how the kernel streams)."""
-    del stages, wide, interleave
-    assert args[1].shape[2] // dm.PAGE % pages_per_copy == 0
+def _emulated_low_bit_splits(*args, num_splits, stages, packed=False, query_scale=None):
+    """`low_bit_splits` as one split (the rest empty), from the float64 oracle: same inputs, same outputs."""
+    del stages
     if query_scale is not None:  # the step's bf16 q, prepared as the kernel does it
         args = (dm.kernel_query(args[0], args[1].shape[1], query_scale), *args[1:])
 
@@ -265,27 +239,26 @@ def test_mosaic_choice():
 
 
 def test_mosaic_splits_override(monkeypatch):
-    """DecodeTuning.mosaic_splits reaches the Mosaic launch as given; without it default_splits decides."""
+    """DecodeTuning.mosaic_splits reaches the Mosaic launch (splits, stages) as given; without it default_splits
+    decides, over the multiprocessors `backends.multiprocessor_count()` reports unless sm_count is set."""
+    from hyquant_jax import backends
+
     config = hq.HyQuantConfig()
     qd, cache = _cache(jax.random.PRNGKey(13), 2, 8, 2, 128, [300, 200], config)
     launches = []
     monkeypatch.setattr(decode_launch, "use_mosaic_low_bit", lambda *a, **k: True)
     monkeypatch.setattr(decode_launch, "_run", lambda *a: launches.append(a[7]))  # mosaic_launch
-    for t in (decode_launch.DecodeTuning(mosaic_splits=5, mosaic_stages=3), decode_launch.DecodeTuning(),
-              decode_launch.DecodeTuning(mosaic_pages_per_copy=4, mosaic_wide=True),
-              decode_launch.DecodeTuning(mosaic_interleave=True)):
+    tunings = (decode_launch.DecodeTuning(mosaic_splits=5, mosaic_stages=3), decode_launch.DecodeTuning())
+    for t in tunings:
         decode_launch.decode_attention(qd, cache, config, interpret=True, tuning=t)
     pages = cache.page_count.shape[1]
-    per_copy = max(n for n in range(1, 5) if pages % n == 0)  # the largest divisor of the pages up to 4
     splits = dm.default_splits(2, 2, pages)
-    assert launches == [(5, 3, 1, False, False), (splits, 2, 1, False, False), (splits, 2, per_copy, True, False),
-                        (splits, 2, 1, False, True)]
-    with pytest.raises(ValueError, match="mosaic_interleave takes mosaic_pages_per_copy 1, got 2"):
-        both = decode_launch.DecodeTuning(mosaic_interleave=True, mosaic_pages_per_copy=2)
-        decode_launch.decode_attention(qd, cache, config, interpret=True, tuning=both)
-    with pytest.raises(ValueError, match="mosaic_pages_per_copy must be in 1..4"):
-        decode_launch.decode_attention(qd, cache, config, interpret=True,
-                                       tuning=decode_launch.DecodeTuning(mosaic_pages_per_copy=5))
+    assert launches == [(5, 3), (splits, 2)]
+    monkeypatch.setattr(backends, "multiprocessor_count", lambda device=None, default=132: 2)
+    for t in tunings + (decode_launch.DecodeTuning(sm_count=132),):
+        decode_launch.decode_attention(qd, cache, config, interpret=True, tuning=t)
+    few = dm.default_splits(2, 2, pages, sms=2)
+    assert few != splits and launches[2:] == [(5, 3), (few, 2), (splits, 2)]
 
 
 def test_hybrid_attention_passes_its_decode_tuning(monkeypatch):
@@ -321,7 +294,7 @@ def test_default_splits():
     assert dm.default_splits(24, 8, 512) == 2  # 384 blocks, one wave
     assert dm.default_splits(1, 8, 16) == 16 and dm.default_splits(4, 8, 1) == 1  # capped by the pages
     assert dm.default_splits(1, 8, 2048, per_sm=4) == 66
-    # results/decode_split_waves_h200.json: the fastest count at each batch (32K, 512 pages)
+    # the fastest count at each batch on the H200 (32K, 512 pages; docs/design.md, "Split heuristic")
     assert [dm.default_splits(b, 8, 512) for b in (25, 28, 64, 74, 76)] == [5, 5, 3, 2, 3]
     assert dm.default_splits(48, 8, 512) == 2  # at least 2 (1 was 3% slower at B48 32K)
     assert dm.default_splits(200, 8, 1) == 1 and dm.default_splits(200, 8, 2) == 2
@@ -428,47 +401,10 @@ def test_gpu_kernel_matches_oracle(name, kwargs, splits, stages):
     _check_oracle(kwargs, splits, stages)
 
 
-# (GPU_CASES name, pages per copy): chunks cut by num_pages (37 of 40 pages, 5 and 3 of 6), more splits than
-# chunks, one long split, a max jump inside a chunk
-PER_COPY_CASES = [("40 pages, 5 splits, 4 stages", 2), ("40 pages, 5 splits, 4 stages", 4),
-                  ("ragged, a sequence without pages", 2), ("ragged, a sequence without pages", 3),
-                  ("more splits than pages", 3), ("300 pages in one split", 4), ("max jumps mid-split", 4)]
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not on_hopper, reason="needs a Hopper GPU")
-@pytest.mark.parametrize("wide", [False, True], ids=["", "wide"])
-@pytest.mark.parametrize("name,per_copy", PER_COPY_CASES, ids=[f"{n}, {p} pages a copy" for n, p in PER_COPY_CASES])
-def test_gpu_kernel_pages_per_copy_matches_oracle(name, per_copy, wide):
-    """Slots of several pages (`pages_per_copy`), with the codes in wide rows or not: the same oracle as one
-    page a slot."""
-    _, kwargs, splits, stages = next(c for c in GPU_CASES if c[0] == name)
-    _check_oracle(kwargs, splits, stages, per_copy, wide)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not on_hopper, reason="needs a Hopper GPU")
-@pytest.mark.parametrize("name,kwargs,splits,stages", GPU_CASES[:4], ids=[c[0] for c in GPU_CASES[:4]])
-def test_gpu_kernel_wide_matches_oracle(name, kwargs, splits, stages):
-    """One page a slot with the codes in wide rows (`wide`)."""
-    _check_oracle(kwargs, splits, stages, wide=True)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not on_hopper, reason="needs a Hopper GPU")
-@pytest.mark.parametrize("wide", [False, True], ids=["", "wide"])
-@pytest.mark.parametrize("name,kwargs,splits,stages", GPU_CASES, ids=[c[0] for c in GPU_CASES])
-def test_gpu_kernel_interleave_matches_oracle(name, kwargs, splits, stages, wide):
-    """Interleaved splits (split s takes pages s, s + splits, ...; the last page, cut short, lands in any split),
-    with the codes in wide rows or not: the same oracle."""
-    _check_oracle(kwargs, splits, stages, wide=wide, interleave=True)
-
-
-def _check_oracle(kwargs, splits, stages, per_copy=1, wide=False, interleave=False):
+def _check_oracle(kwargs, splits, stages):
     case = random_case(**kwargs)
     q16 = np.asarray(jnp.asarray(case[0], jnp.float16), np.float64)  # the oracle sees the kernel's fp16 q
-    o, m, l = dm.low_bit_splits(*kernel_args(case), num_splits=splits, stages=stages, pages_per_copy=per_copy,
-                                wide=wide, interleave=interleave)
+    o, m, l = dm.low_bit_splits(*kernel_args(case), num_splits=splits, stages=stages)
     out = np.asarray(dm.merge(o, m, l), np.float64)
     want, _, l_want = dm.reference_low_bit(q16, *case[1:])
     has = case[-1] > 0

@@ -1,5 +1,5 @@
-"""benchmarks/mosaic_sass.py's parsers of ptxas and nvdisasm output (the offline compile itself needs the
-downloaded CUDA tools, `scripts/offline_cuda/setup.sh`, and is not run here)."""
+"""benchmarks/mosaic_sass.py's parsers of ptxas and nvdisasm output and its choice of kernels (the offline
+compile itself needs the downloaded CUDA tools, `scripts/offline_cuda/setup.sh`, and is not run here)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.mosaic_sass import ptxas_summary, sass_summary  # noqa: E402
+import pytest  # noqa: E402
+
+from benchmarks.mosaic_sass import _lower, ptxas_summary, sass_summary  # noqa: E402
 
 SASS = """
         /*0000*/                   MOV R1, c[0x0][0x28] ;
@@ -67,3 +69,10 @@ def test_ptxas_summary():
 ptxas info    : Used 138 registers, used 2 barriers, 1 bytes smem"""
     assert ptxas_summary(report) == dict(registers=138, spill_store_bytes=16, spill_load_bytes=8)
     assert ptxas_summary("")["registers"] is None
+
+
+@pytest.mark.parametrize("kernel", ["stream", "prefetch", "spin"])
+def test_lower_knows_only_the_two_kernels(kernel):
+    """Only the library's Mosaic kernels (decode, prefill) are lowered; the probes' kernels are gone."""
+    with pytest.raises(ValueError, match="kernel must be 'decode' or 'prefill'"):
+        _lower(kernel)

@@ -112,7 +112,8 @@ GPU_CASES = [
     ("two_wgs_block64_kv64_d64", (2, 9, 3, 777, 64), [777, 300], _cfg(window=128, prefill_block=64, rho=0.1),
      "random", dict(compute_wgs=2, block_kv=64, stages=3, pingpong=True)),
     # The kernel accumulates P.V in the tensor cores over every key step of a row block (128 steps here). The
-    # decode kernel lost ~3e-5 relative per step that way (benchmarks/NOTES.md, session 20): a long prompt.
+    # decode kernel lost ~3e-5 relative per step that way on the H200 (and now adds each page's P.V in
+    # registers): a long prompt.
     ("mosaic_setting_16k", (1, 2, 1, 16384, 128), [16384], _cfg(window=128, prefill_block=128, rho=0.05), "vti",
      MOSAIC_PREFILL),
 ]
@@ -129,7 +130,7 @@ def test_gpu_matches_reference(name, shape, lengths, config, vl_source, kernel):
 def test_gpu_auto_backend_is_the_mosaic_kernel_on_hopper():
     """On the H200, "auto" prefill with a config the Mosaic setting fits runs that kernel: the same output, bit
     for bit, as backend="mosaic" (and the VL set of the same VTI)."""
-    from hyquant_jax import backends
+    from hyquant_jax import attention, backends
 
     device = jax.devices()[0]
     if not backends.is_hopper(device):
