@@ -67,3 +67,21 @@ def test_results_folder_holds_only_canonical_files():
             assert path.name in read, f"{path.name}: not a file report.py reads"
         else:
             assert path.suffix == ".png" and any(path.stem.startswith(s) for s in stems), f"{path.name}: not a plot"
+
+
+def test_design_references_name_existing_sections():
+    """Every `docs/design.md, "Section"` (or `docs/design.md ("Section")`) in the tree names a heading there."""
+    headings = {line[3:].strip() for line in (ROOT / "docs" / "design.md").read_text().splitlines()
+                if line.startswith("## ")}
+    ref = re.compile(r"""docs/design\.md[,;:]?\s*\(?\s*"([^"]+)"|"([^"]+)"\s*\(?docs/design\.md""")
+    missing = []
+    for path in tracked_text_files():
+        if path.name == Path(__file__).name:
+            continue
+        text = " ".join(path.read_text(errors="replace").split())  # references may wrap across lines
+        text = re.sub(r"\s*#\s*", " ", text)  # and across comment lines
+        for m in ref.finditer(text):
+            name = m.group(1) or m.group(2)
+            if name not in headings:
+                missing.append(f"{path.relative_to(ROOT)}: {name!r}")
+    assert not missing, f"unknown docs/design.md sections (headings: {sorted(headings)}):\n" + "\n".join(missing)
