@@ -1,5 +1,6 @@
 """hyquant-jax: hybrid-precision quantized attention (HyQuant) for JAX."""
 
+from hyquant_jax.api import Completion, Generation, Model, load
 from hyquant_jax.attention import decode_attention, decode_step, prefill_attention
 from hyquant_jax.cache import (
     HybridKVCache,
@@ -39,8 +40,13 @@ from hyquant_jax.reference import (
 from hyquant_jax.sampling import SamplingConfig
 from hyquant_jax.vti import tail_queries, vertical_token_identification
 
+__version__ = "0.1.0"
+
 __all__ = [
     "ATTENTION_KINDS",
+    "Completion",
+    "Generation",
+    "Model",
     "GenerateResult",
     "HyQuantConfig",
     "HybridAttention",
@@ -64,6 +70,7 @@ __all__ = [
     "hybrid_prefill_attention_reference",
     "kivi_attention",
     "kv_cache_bytes",
+    "load",
     "make_attention",
     "num_vl_tokens",
     "pack",

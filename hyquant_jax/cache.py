@@ -63,7 +63,8 @@ class HybridKVCache:
     ring_k, ring_v: [B, H, R, D] window ring, R = window + block_size.
     ring_score: float32 [B, H, R] accumulated decode attention mass per slot.
     ring_start, ring_len: int32 [B] first valid slot and valid slot count.
-    length: int32 [B] tokens cached per sequence (prompt + decoded).
+    length: int32 [B] tokens appended per sequence (prompt + decoded): the tokens cached, unless
+      `overflowed`.
     max_len: static capacity in tokens per sequence.
     """
 
@@ -135,6 +136,16 @@ class HybridKVCache:
         vl = np.asarray(self.num_vl).astype(np.int64)
         ring = self.ring_k.shape[2]
         return h * (pages * (config.block_size * per_slot + per_page) + (vl + ring) * 2 * d * elem)
+
+    @property
+    def overflowed(self) -> jax.Array:
+        """bool [B]: the sequence was appended past `max_len` (`length` counts every appended token).
+
+        `generate` sizes the cache so that this never happens. A hand-written decode loop that goes on past
+        max_len keeps a consistent cache, but not every token: once every page is taken, each window flush
+        drops the oldest window block instead of storing it. (Outside jit, `append` refuses to go past
+        max_len.)"""
+        return self.length > self.max_len
 
     def check_room(self, new_tokens: int) -> None:
         """Host-side check: raise if appending `new_tokens` would overflow."""
@@ -618,14 +629,20 @@ def _flushed_block(block: dict, flush, config: HyQuantConfig) -> dict:
 
 
 def _write_block(cache: HybridKVCache, flush, block: dict, config: HyQuantConfig) -> HybridKVCache:
-    """Write `_flushed_block`'s values into one cache for the sequences with `flush` and advance the ring."""
+    """Write `_flushed_block`'s values into one cache for the sequences with `flush` and advance the ring.
+
+    A sequence appended past `max_len` can find every page taken (the capacity covers histories of up to
+    max_len tokens): its oldest window block is then dropped instead of stored, so the cache stays
+    consistent (the newest tokens in the ring, nothing written out of bounds) and `overflowed` says so."""
     bs, kf = config.block_size, config.flush_vl_count
     b, h = cache.batch, cache.num_kv_heads
     start, page = cache.ring_start, cache.num_pages
+    dropped = flush
+    flush = flush & (page < cache.page_count.shape[1])  # a free page: store the block
     slot = page * bs
     updates = {}
     if kf:
-        promote = block["promote"]
+        promote = block["promote"] & flush
         updates["vl_k"] = _write_rows(cache.vl_k, cache.num_vl, block["vl_k"], promote)
         updates["vl_v"] = _write_rows(cache.vl_v, cache.num_vl, block["vl_v"], promote)
         updates["num_vl"] = cache.num_vl + kf * promote
@@ -644,14 +661,14 @@ def _write_block(cache: HybridKVCache, flush, block: dict, config: HyQuantConfig
     page_count = _write_rows(
         cache.page_count[:, None, :, None], page, block["count"][:, None, None, None], flush
     )[:, 0, :, 0]
-    ring_score = _write_rows(cache.ring_score[..., None], start, jnp.zeros((b, h, bs, 1)), flush)[..., 0]
+    ring_score = _write_rows(cache.ring_score[..., None], start, jnp.zeros((b, h, bs, 1)), dropped)[..., 0]
     return dataclasses.replace(
         cache,
         page_count=page_count,
         num_pages=page + flush.astype(jnp.int32),
         ring_score=ring_score,
-        ring_start=jnp.where(flush, (start + bs) % config.ring_size, start),
-        ring_len=cache.ring_len - bs * flush.astype(jnp.int32),
+        ring_start=jnp.where(dropped, (start + bs) % config.ring_size, start),
+        ring_len=cache.ring_len - bs * dropped.astype(jnp.int32),
         **updates,
     )
 

@@ -172,7 +172,7 @@ def prefill(params: Params, tokens: jax.Array, lengths: jax.Array, key: jax.Arra
         states, logits = jax.lax.fori_loop(0, t // chunk, body, (states, logits0))
     ctx = PrefillContext(jnp.int32(0), lengths, max_len, whole=whole, min_length=min_length)
     states = tuple(attention.finish_prefill(i, s, ctx) for i, s in enumerate(states))
-    first = sample(logits, jax.random.fold_in(key, 0), sampling)
+    first = sample(logits, key, sampling, positions=lengths)
     return first, logits, states
 
 
@@ -280,7 +280,7 @@ def decode(params: Params, states: tuple, first: jax.Array, lengths: jax.Array, 
         step, out, last, positions, active, count, _ = c
         logits, states = forward(params, last[:, None], ctx, states, config=config, attention=attention,
                                  kernels=layer_kernels)
-        token = sample(logits[:, 0], jax.random.fold_in(key, step), sampling)
+        token = sample(logits[:, 0], key, sampling, positions=positions + 1)
         token = jnp.where(active, token, pad_id)
         out = jax.lax.dynamic_update_slice_in_dim(out, token[:, None], step, axis=1)
         step_on = active.astype(jnp.int32)
@@ -389,7 +389,8 @@ def shortest_prompt_bound(lengths: np.ndarray) -> int:
 def generate(params: Params, config: ModelConfig, prompts: Sequence[Sequence[int]], *, attention,
              max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(), eos_ids: Sequence[int] | None = None,
              pad_id: int = 0, seed: int = 0, prefill_chunk: int = 2048, bucket: int = 64,
-             max_len: int | None = None, keep_states: bool = False, mesh=None) -> GenerateResult:
+             max_len: int | None = None, keep_states: bool = False, mesh=None, on_tokens=None,
+             stream_chunk: int = 16) -> GenerateResult:
     """Generate continuations of a ragged batch of token-id prompts.
 
     params, config: the model (`models.load_model` or `models.init_params`).
@@ -407,9 +408,18 @@ def generate(params: Params, config: ModelConfig, prompts: Sequence[Sequence[int
       weights are split Megatron-style over "model", the batch over "data", and each layer's
       attention runs per shard under `shard_map` (`hyquant_jax.sharding`). Raises ValueError
       when the KV heads do not divide the model axis or the batch does not divide the data axis.
+    on_tokens: streaming: called as on_tokens(new) with new[b] the token ids sequence b generated since the
+      last call, as they are decoded. The decode then runs in calls of `stream_chunk` steps (one compiled
+      loop, called again on the states it returns); the tokens are the same as without streaming (sampled
+      tokens too: each draws with a key of its position, `sampling.sample`). The cache holds stream_chunk
+      more tokens per sequence, since the last call may run past max_new_tokens (its tokens are cut).
     """
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    if on_tokens is not None and not callable(on_tokens):
+        raise ValueError(f"on_tokens must be None or a callable taking a list of token-id lists, got {on_tokens!r}")
+    if not isinstance(stream_chunk, int) or stream_chunk < 2:
+        raise ValueError(f"stream_chunk must be an int >= 2 (decode steps per streamed call), got {stream_chunk!r}")
     missing = [m for m in ("prefill_state", "prefill", "finish_prefill", "decode") if not hasattr(attention, m)]
     if missing:
         raise ValueError(f"attention must be an attention implementation (e.g. models.BF16Attention() or "
@@ -419,7 +429,8 @@ def generate(params: Params, config: ModelConfig, prompts: Sequence[Sequence[int
         raise ValueError(f"pad_id must be a token id in [0, {config.vocab_size}), got {pad_id!r}")
     eos = tuple(int(e) for e in (config.eos_token_ids if eos_ids is None else eos_ids))
     tokens, lengths = pad_prompts(prompts, pad_id, bucket, prefill_chunk)
-    cap = check_capacity(lengths, tokens.shape[1], max_new_tokens, max_len, config)
+    cap = check_capacity(lengths, tokens.shape[1], max_new_tokens + (stream_chunk if on_tokens else 0), max_len,
+                         config)
     if int(tokens.max()) >= config.vocab_size or int(tokens.min()) < 0:
         raise ValueError(f"prompt token ids must lie in [0, {config.vocab_size}), got "
                          f"[{int(tokens.min())}, {int(tokens.max())}]")
@@ -443,18 +454,48 @@ def generate(params: Params, config: ModelConfig, prompts: Sequence[Sequence[int
     first.block_until_ready()
     prefill_s = time.perf_counter() - t0
 
-    dec = dict(max_new_tokens=max_new_tokens, eos_ids=eos, pad_id=pad_id, **static)
+    dec = dict(max_new_tokens=stream_chunk if on_tokens else max_new_tokens, eos_ids=eos, pad_id=pad_id, **static)
     t0 = time.perf_counter()
     decode_fn = decode.lower(params, states, first, lengths_j, key, **dec).compile()
     compile_s += time.perf_counter() - t0
     t0 = time.perf_counter()
-    states, out, count, positions, steps = decode_fn(params, states, first, lengths_j, key)
-    out = host(out)
+    if on_tokens is None:
+        states, out, count, positions, steps = decode_fn(params, states, first, lengths_j, key)
+        out, count, positions, steps = host(out), host(count), host(positions), int(steps)
+    else:
+        states, out, count, positions, steps = _streamed(decode_fn, params, states, first, lengths_j, key,
+                                                         max_new_tokens, pad_id, eos, on_tokens, put, host)
     decode_s = time.perf_counter() - t0
-    return GenerateResult(tokens=out, lengths=host(count), cache_lengths=host(positions),
+    return GenerateResult(tokens=out, lengths=count, cache_lengths=positions,
                           prompt_lengths=lengths, compile_seconds=compile_s, prefill_seconds=prefill_s,
-                          decode_seconds=decode_s, decode_steps=int(steps), max_len=cap,
+                          decode_seconds=decode_s, decode_steps=steps, max_len=cap,
                           states=states if keep_states else None)
+
+
+def _streamed(decode_fn, params, states, first, lengths, key, max_new_tokens: int, pad_id: int, eos_ids: tuple,
+              on_tokens, put, host):
+    """`generate`'s decode as calls of one compiled `decode` loop of stream_chunk steps, each continuing from
+    the states, last tokens and cache lengths of the one before; on_tokens gets each call's new tokens.
+    Returns `decode`'s results with the tokens cut to max_new_tokens."""
+    b = first.shape[0]
+    out = np.full((b, max_new_tokens), pad_id, np.int32)
+    count = np.zeros(b, np.int32)
+    steps, done = 0, np.zeros(b, bool)
+    while not done.all():
+        states, chunk, n, lengths, taken = decode_fn(params, states, first, lengths, key)
+        chunk, n = host(chunk), host(n)
+        skip = 0 if steps == 0 else 1  # a call's first token is the last one of the call before
+        steps += int(taken)
+        new = []
+        for i in range(b):
+            ids = [] if done[i] else chunk[i, skip:n[i]][:max_new_tokens - count[i]].tolist()
+            out[i, count[i]:count[i] + len(ids)] = ids
+            count[i] += len(ids)
+            done[i] |= count[i] >= max_new_tokens or (len(ids) > 0 and ids[-1] in eos_ids) or n[i] < chunk.shape[1]
+            new.append(ids)
+        on_tokens(new)
+        first = put(np.take_along_axis(chunk, np.maximum(n - 1, 0)[:, None], axis=1)[:, 0])
+    return states, out, count, host(lengths), steps
 
 
 def kv_cache_bytes(attention, states: tuple, cache_lengths) -> np.ndarray:

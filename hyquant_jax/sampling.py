@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -17,22 +18,35 @@ class SamplingConfig:
     top_p: float = 1.0
 
     def __post_init__(self):
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
-            raise ValueError(f"SamplingConfig.temperature must be a number >= 0, got {self.temperature!r}")
+        # `not x >= 0` (rather than `x < 0`) also refuses NaN, which compares false with everything
+        if (not isinstance(self.temperature, (int, float)) or isinstance(self.temperature, bool)
+                or not 0 <= self.temperature < math.inf):
+            raise ValueError(f"SamplingConfig.temperature must be a finite number >= 0 (0 = greedy), got "
+                             f"{self.temperature!r}")
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
-            raise ValueError(f"SamplingConfig.top_k must be an int >= 0, got {self.top_k!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
-            raise ValueError(f"SamplingConfig.top_p must be in (0, 1], got {self.top_p!r}")
+            raise ValueError(f"SamplingConfig.top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
+        if (not isinstance(self.top_p, (int, float)) or isinstance(self.top_p, bool)
+                or not 0 < self.top_p <= 1):
+            raise ValueError(f"SamplingConfig.top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
 
-def sample(logits: jax.Array, key: jax.Array, config: SamplingConfig) -> jax.Array:
-    """logits float32 [B, V] -> token ids int32 [B]."""
+def sample(logits: jax.Array, key: jax.Array, config: SamplingConfig, positions: jax.Array | None = None
+           ) -> jax.Array:
+    """logits float32 [B, V] -> token ids int32 [B].
+
+    positions: int [B], the position each sampled token takes in its sequence: row b then draws with
+    fold_in(key, positions[b]), so a sequence's samples depend on the seed and its own tokens only, not on
+    the rest of the batch or on how the decode is split into calls (streaming). None: one key for the batch.
+    """
     if config.greedy:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    if positions is not None:
+        keys = jax.vmap(lambda p: jax.random.fold_in(key, p))(positions.astype(jnp.uint32))
+        return jax.vmap(lambda row, k: sample(row[None], k, config)[0])(logits, keys)
     logits = logits.astype(jnp.float32) / config.temperature
     if config.top_k:
         kth = jax.lax.top_k(logits, min(config.top_k, logits.shape[-1]))[0][:, -1:]

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from models.config import ModelConfig, yarn_mscale
+from models.gguf_format import check_gguf
 from models.transformer import Params, checkpoint_name, params_from_numpy
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
@@ -57,11 +58,12 @@ def open_gguf(path: str | Path):
 
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"GGUF file {path} does not exist")
+        raise ValueError(f"GGUF file {path} does not exist" + (" (it is a folder)" if path.is_dir() else ""))
+    check_gguf(path)  # names the field or tensor at fault, where the reader would fail inside numpy
     try:
         return gguf.GGUFReader(str(path))
-    except Exception as e:  # the reader raises bare ValueErrors/struct errors on garbage
-        raise ValueError(f"{path} is not a readable GGUF file: {e}") from e
+    except Exception as e:  # a structure check_gguf accepts but the reader refuses
+        raise ValueError(f"{path} is not a readable GGUF file: {type(e).__name__}: {e}") from e
 
 
 def field(reader, key: str, default=None):

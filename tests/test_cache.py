@@ -132,6 +132,36 @@ def test_capacities_hold_any_history_up_to_max_len(kw, min_length, lengths):
         append(h.cache, j32(k), j32(v), cfg)
 
 
+def test_jitted_decode_past_max_len_is_flagged_and_stays_in_bounds():
+    """A jitted decode loop that runs past max_len (outside jit `append` refuses) gets `overflowed` set from
+    the first token past it; full pages are never overwritten, the ring stays within its size, the newest
+    tokens stay in the window and attention stays finite."""
+    from hyquant_jax import decode_step
+
+    cfg = config(window=16, block_size=16, rho=0.1)
+    gen = rng(9)
+    n, max_len = 40, 72
+    h = Harness(gen, cfg, 2, 1, 2, n, 64, [40, 33], max_len)
+    step = jax.jit(lambda q, k, v, c: decode_step(q, k, v, c, cfg, backend="reference"))
+    cache, filled = h.cache, None
+    for t in range(6 * max_len):  # the page capacity is padded to 256 slots: go well past it
+        k, v = j32(normal(gen, (2, 1, 64))), j32(normal(gen, (2, 1, 64)))
+        out, cache = step(j32(normal(gen, (2, 2, 64))), k, v, cache)
+        assert np.isfinite(np.asarray(out)).all()
+        length = np.asarray(cache.length)
+        np.testing.assert_array_equal(np.asarray(cache.overflowed), length > max_len)
+        assert (np.asarray(cache.ring_len) <= cfg.ring_size).all()
+        assert (np.asarray(cache.num_pages) <= cache.page_count.shape[1]).all()
+        if filled is None and (np.asarray(cache.num_pages) == cache.page_count.shape[1]).all():
+            filled = np.asarray(cache.k_codes).copy(), np.asarray(cache.num_vl).copy()
+    assert np.asarray(cache.overflowed).all() and filled is not None
+    np.testing.assert_array_equal(np.asarray(cache.k_codes), filled[0])  # full pages were not overwritten
+    np.testing.assert_array_equal(np.asarray(cache.num_vl), filled[1])
+    # the last token appended is still in the window ring
+    last = (np.asarray(cache.ring_start) + np.asarray(cache.ring_len) - 1) % cfg.ring_size
+    np.testing.assert_array_equal(np.asarray(cache.ring_k)[np.arange(2), 0, last], np.asarray(k)[:, 0])
+
+
 def test_freeze_min_length_is_checked():
     cfg = config()
     k = j32(np.zeros((2, 1, 8, 64), np.float32))

@@ -168,6 +168,15 @@ def test_sampling_filters():
         SamplingConfig(top_p=0.0)
 
 
+@pytest.mark.parametrize("field,value", [("temperature", float("nan")), ("temperature", float("inf")),
+                                         ("temperature", -0.5), ("temperature", True), ("top_k", -1),
+                                         ("top_k", 2.0), ("top_p", float("nan")), ("top_p", 1.5)])
+def test_sampling_config_refuses_bad_values(field, value):
+    """NaN compares false with everything, so it must be refused explicitly (it used to give empty text)."""
+    with pytest.raises(ValueError, match=f"SamplingConfig.{field} must be"):
+        SamplingConfig(**{field: value})
+
+
 def test_top_k_one_is_greedy(params, prompts):
     greedy = _run(params, prompts, BF16Attention(), n=8)
     top1 = _run(params, prompts, BF16Attention(), n=8, sampling=SamplingConfig(0.7, top_k=1), seed=5)
