@@ -25,7 +25,7 @@ def environment() -> dict:
         "platform": dev.platform,
         "jax": jax.__version__,
         "python": platform.python_version(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0])] + sys.argv[1:]),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }

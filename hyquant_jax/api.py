@@ -142,6 +142,10 @@ class Model:
         res = generate(self.params, self.config, ids, attention=impl, max_new_tokens=max_new_tokens,
                        sampling=sampling or SamplingConfig(), eos_ids=eos, pad_id=self.tokenizer.pad_id or 0,
                        seed=seed, prefill_chunk=prefill_chunk, keep_states=True, mesh=mesh, on_tokens=on_tokens)
+        if on_text is not None:
+            rest = decoder.finish()
+            if any(rest):
+                on_text(rest)
         kv = kv_cache_bytes(impl, res.states, res.cache_lengths)
         bf16 = res.cache_lengths.astype(np.int64) * self.config.kv_bytes_per_token(2)
         eos_set = set(eos)
@@ -173,6 +177,15 @@ class _TextDeltas:
             self.shown[i] = text
         return out
 
+    def finish(self) -> list[str]:
+        """What is still held back once decoding is over (a text that really ends in U+FFFD)."""
+        out = []
+        for i, ids in enumerate(self.ids):
+            text = self.tokenizer.decode(ids)
+            out.append(text[len(self.shown[i]):] if text.startswith(self.shown[i]) else "")
+            self.shown[i] = text
+        return out
+
 
 def _texts(prompts) -> list[str]:
     if isinstance(prompts, str):
@@ -184,7 +197,8 @@ def _texts(prompts) -> list[str]:
 
 def _describe(x) -> str:
     if isinstance(x, (list, tuple)):
-        return f"a {type(x).__name__} of {sorted({type(e).__name__ for e in x})}" if x else f"an empty {type(x).__name__}"
+        kinds = sorted({type(e).__name__ for e in x})
+        return f"a {type(x).__name__} of {kinds}" if x else f"an empty {type(x).__name__}"
     return type(x).__name__
 
 

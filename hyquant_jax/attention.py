@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from hyquant_jax import reference
 from hyquant_jax.backends import prefill_backend, resolve_backend
 from hyquant_jax.cache import HybridKVCache, accumulate_ring_scores, append, flush_full_rings
-from hyquant_jax.config import HyQuantConfig
+from hyquant_jax.config import HyQuantConfig, as_lengths, check_config
 from hyquant_jax.vti import tail_queries, tail_query_count, vertical_token_identification
+
+
+def _check_cache_and_config(cache, config) -> None:
+    check_config(config)
+    if not isinstance(cache, HybridKVCache):
+        raise ValueError(f"cache must be a hyquant_jax.HybridKVCache (from hyquant_jax.freeze), got "
+                         f"{type(cache).__name__}")
 
 
 def check_tuning(tuning, name: str = "tuning"):
@@ -31,6 +37,7 @@ def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, backend: st
     ring split computes them anyway), None from the reference backend. tuning: the kernel backends' launch
     knobs (`decode_launch.DecodeTuning`; None: their defaults); the reference backend ignores it.
     """
+    _check_cache_and_config(cache, config)
     backend = resolve_backend(backend)
     tuning = check_tuning(tuning)
     if backend == "reference":
@@ -55,6 +62,7 @@ def decode_step(q, k, v, cache: HybridKVCache, config: HyQuantConfig, backend: s
     Triton launch reads, so XLA runs it after that launch, off the path from q to the output, where before
     both attention launches waited for it.
     """
+    _check_cache_and_config(cache, config)
     ring_logits = config.flush_vl_count > 0  # ring scores are kept only when flushed tokens can be promoted
     resolved = resolve_backend(backend)
     tuning = check_tuning(tuning)
@@ -94,6 +102,8 @@ def prefill_attention(q, k, v, lengths, config: HyQuantConfig, backend: str = "a
     q: [B, Hq, T, D]; k, v: [B, Hkv, T, D]; lengths: int32 [B].
     Returns (out [B, Hq, T, D], (vl_idx, vl_count)) so Freeze can reuse the VL set.
     """
+    check_config(config)
+    lengths = as_lengths(lengths, q.shape[0] if getattr(q, "ndim", 0) == 4 else -1)
     reference.check_prefill_shapes(q, k, v, lengths)
     q_tail = tail_queries(q, lengths, tail_query_count(config))
     vl = vertical_token_identification(q_tail, k, lengths, config, scale=scale)

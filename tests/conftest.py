@@ -1,9 +1,12 @@
 import gc
+import os
 
 import jax
 import pytest
 
 jax.config.update("jax_default_matmul_precision", "highest")
+# `hyquant generate` run in this process would turn on JAX's persistent compilation cache for every later test
+os.environ["HYQUANT_COMPILE_CACHE"] = "0"
 
 
 def pytest_collection_modifyitems(config, items):

@@ -476,3 +476,31 @@ def test_append_without_flush_rejects_a_full_ring():
     k, v, _ = h.step_tokens()
     with pytest.raises(ValueError, match="flush_full_rings"):
         append(h.cache, j32(k), j32(v), cfg, flush=False)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(scheme="token_asym", group_size=32), dict(key_bits=2, value_bits=4),
+                                dict(key_bits=8, value_bits=8, rho=0.2), dict(key_bits=16, value_bits=16),
+                                dict(window=32, block_size=16, rho=0.0)])
+def test_bytes_after_freeze_is_what_a_frozen_cache_uses(kw):
+    """The host-side arithmetic (`bytes_after_freeze`, behind the CLI's size line) equals `used_bytes` of a real
+    frozen cache at prompts shorter than the window, around it and past it; the bf16 crossover is the first
+    prompt length at which the hybrid cache is smaller."""
+    from hyquant_jax.cache import bytes_after_freeze, smaller_than_bf16_from
+    from hyquant_jax.vti import tail_queries
+
+    cfg = config(**kw)
+    gen = rng(11)
+    h, d = 2, 64
+    for n in (1, cfg.window, cfg.window + 1, 3 * cfg.window + 17):
+        k = j32(normal(gen, (1, h, n, d)))
+        q = j32(normal(gen, (1, 2 * h, n, d)))
+        lengths = ji32([n])
+        cache = freeze(k, k, lengths, tail_queries(q, lengths, 16), cfg, max_len=n + 64)
+        assert bytes_after_freeze(n, cfg, h, d, jnp.float32) == int(cache.used_bytes(cfg)[0]), n
+    first = smaller_than_bf16_from(cfg, h, d)
+    per_token = 2 * h * d * 2
+    if cfg.key_bits == cfg.value_bits == 16:  # nothing is quantized: never smaller
+        assert first is None and bytes_after_freeze(1 << 16, cfg, h, d) >= (1 << 16) * per_token
+        return
+    assert bytes_after_freeze(first, cfg, h, d) < first * per_token
+    assert bytes_after_freeze(first - 1, cfg, h, d) >= (first - 1) * per_token

@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from tests.helpers.checkpoint_files import train_tokenizer, write_gguf
 from hyquant_jax import cli
 from models import ModelConfig, init_params
+from tests.helpers.checkpoint_files import train_tokenizer, write_gguf
 
 
 @pytest.fixture(scope="module")
@@ -60,13 +60,14 @@ def test_generate_on_a_tiny_gguf(tiny_gguf, tmp_path, capsys):
     out = tmp_path / "result.json"
     rc = cli.main(["generate", "--model", str(path), "--prompt", "Hello world! The quick brown fox",
                    "--prompt", "def f(x):", "--max-new-tokens", "6", "--window", "16", "--block-size", "16",
-                   "--prefill-block", "16",
+                   "--prefill-block", "16", "--compare-bf16",
                    "--json", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
     assert "=== hyquant" in text and "=== bf16" in text and "identical to the bf16 run" in text
     assert "tokens/s" in text and "KV cache at the end" in text
-    assert text.count("x smaller") == 1  # the hyquant run's ratio; the bf16 run prints no ratio to itself
+    # the hyquant run's ratio (larger: these prompts are shorter than its window ring); none for the bf16 run
+    assert text.count("x smaller") + text.count("x larger than bf16 here") == 1
     result = json.loads(out.read_text())
     assert 0.0 <= result["agreement_with_bf16"] <= 1.0
     assert len(result["runs"]["hyquant"]["tokens"]) == 2
@@ -81,8 +82,8 @@ def test_generate_on_a_tiny_qwen3_gguf(tmp_path, capsys):
     path = tmp_path / "tiny-qwen3.gguf"
     write_gguf(path, init_params(jax.random.PRNGKey(1), config, jnp.float32), config, arch="qwen3", tokenizer=tok,
                pre="qwen2")
-    rc = cli.main(["generate", "--model", str(path), "--prompt", "Hello world! The quick brown fox",
-                   "--max-new-tokens", "4", "--window", "16", "--block-size", "16", "--prefill-block", "16"])
+    rc = cli.main(["generate", "-m", str(path), "-p", "Hello world! The quick brown fox", "-n", "4", "--window", "16",
+                   "--block-size", "16", "--prefill-block", "16", "--compare-bf16"])
     assert rc == 0
     text = capsys.readouterr().out
     assert "=== hyquant" in text and "=== bf16" in text and "identical to the bf16 run" in text
@@ -91,7 +92,7 @@ def test_generate_on_a_tiny_qwen3_gguf(tmp_path, capsys):
 def test_generate_baseline_without_compare(tiny_gguf, capsys):
     path, _ = tiny_gguf
     rc = cli.main(["generate", "--model", str(path), "--raw", "--prompt", "Hello", "--max-new-tokens", "3",
-                   "--attention", "kivi2", "--no-compare", "--temperature", "0.8", "--top-k", "5"])
+                   "--attention", "kivi2", "--temperature", "0.8", "--top-k", "5"])
     assert rc == 0
     text = capsys.readouterr().out
     assert "=== kivi2" in text and "=== bf16" not in text
@@ -107,13 +108,98 @@ def test_generate_clear_errors(tmp_path, capsys, make, words):
     assert words in capsys.readouterr().err
 
 
-def test_generate_checks_prompt_files_before_loading_the_model(tmp_path, capsys, monkeypatch):
-    import models.checkpoint
+def _on_cpu():
+    return jax.devices()[0].platform == "cpu"
 
-    monkeypatch.setattr(models.checkpoint, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
-    missing = tmp_path / "missing.txt"
-    assert cli.main(["generate", "--prompt-file", str(missing)]) == 2
-    assert f"--prompt-file {missing} does not exist" in capsys.readouterr().err
+
+BAD_INPUTS = [  # (arguments, what the one-line error must say); tmp stands for a fresh folder
+    (["--temperature", "nan"], "--temperature must be a finite number >= 0 (0 = greedy), got nan"),
+    (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
+    (["--top-p", "0"], "--top-p must be in (0, 1]"),
+    (["--top-k", "-2"], "--top-k must be an int >= 0"),
+    (["-n", "0"], "--max-new-tokens must be >= 1, got 0"),
+    (["--prefill-chunk", "0"], "--prefill-chunk must be >= 1"),
+    (["--attention", "bf16", "--key-bits", "8"], "--key-bits sets the hybrid cache and applies to --attention "
+                                                 "hyquant only, not --attention bf16 (the baselines' bits are in their "
+                                                 "names"),
+    (["-a", "kivi4", "--rho", "0.1", "--window", "64"], "--window, --rho set the hybrid cache and apply to --attention "
+                                                        "hyquant only, not --attention kivi4"),
+    (["-a", "uniform8", "--backend", "reference"], "--backend sets the hybrid cache"),
+    (["--rho", "1.5"], "rho"),
+    (["--window", "100"], "window"),
+    (["--json", "{tmp}/no/such/folder/out.json"], "the folder {tmp}/no/such/folder does not exist"),
+    (["--json", "{tmp}"], "is a folder; give a file path"),
+    (["--prompt-file", "{tmp}/missing.txt"], "--prompt-file {tmp}/missing.txt does not exist"),
+    (["--prompt-file", "{tmp}"], "--prompt-file {tmp} is a folder, not a text file"),
+    (["-m", "{tmp}/missing.gguf"], "--model {tmp}/missing.gguf does not exist"),
+    (["--mesh", "data=1,model=3"], "model"),
+]
+if _on_cpu():
+    BAD_INPUTS += [(["--backend", "triton"], "--backend triton compiles the Pallas kernels for an NVIDIA GPU"),
+                   (["--backend", "mosaic"], "--backend mosaic needs a Hopper GPU")]
+
+
+@pytest.mark.parametrize("args, message", BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
+def test_generate_refuses_bad_input_before_loading(args, message, tmp_path, capsys, monkeypatch):
+    """Each bad option is one line on stderr, exit code 2, before the model loads or anything compiles."""
+    import time
+
+    import hyquant_jax.api
+
+    monkeypatch.setattr(hyquant_jax.api, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    t0 = time.perf_counter()
+    assert cli.main(["generate", "--no-compile-cache", *args]) == 2
+    err = capsys.readouterr().err
+    assert time.perf_counter() - t0 < 15
+    assert err.startswith("hyquant: error: ") and err.count("\n") == 1, err
+    assert message.replace("{tmp}", str(tmp_path)) in err, err
+
+
+def test_generate_refuses_a_bad_prompt_file(tmp_path, capsys, monkeypatch):
+    import hyquant_jax.api
+
+    monkeypatch.setattr(hyquant_jax.api, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes(b"caf\xe9")
+    assert cli.main(["generate", "-f", str(bad)]) == 2
+    assert "is not a readable UTF-8 text file" in capsys.readouterr().err
+
+
+def test_version_and_short_flags(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("hyquant 0.1.0 (jax 0.11.2")
+    parser = _subparser("generate")
+    args = parser.parse_args(["-m", "x.gguf", "-p", "hi", "-n", "3", "-a", "bf16", "-f", "p.txt"])
+    assert (args.model, args.prompt, args.max_new_tokens, args.attention, args.prompt_file) == (
+        "x.gguf", ["hi"], 3, "bf16", ["p.txt"])
+
+
+def test_demo_and_eval_help_state_their_defaults(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "2000")
+    demo = _subparser("demo").format_help()
+    assert "(default: 2048)" in demo and "(default: 256)" in demo and "(default: 4)" in demo
+    assert "accuracy --quick" in _subparser("eval").format_help()
+    assert "bench e2e" in _subparser("bench").format_help()
+
+
+def test_generate_streams_and_writes_one_json_record_to_stdout(tiny_gguf, capsys):
+    """--json -: stdout is one JSON record (with the environment, as the results files record it) and the text
+    goes to stderr; without it, one prompt streams to stdout and the size line is honest for a short prompt."""
+    path, _ = tiny_gguf
+    rc = cli.main(["generate", "-m", str(path), "-p", "Hello world! The quick brown fox", "-n", "5", "--window",
+                   "16", "--block-size", "16", "--prefill-block", "16", "--no-compile-cache", "--json", "-"])
+    assert rc == 0
+    captured = capsys.readouterr()
+    record = json.loads(captured.out)
+    assert set(record["environment"]) >= {"device", "jax", "date", "command"} and record["config"]["window"] == 16
+    assert "=== hyquant" in captured.err
+    rc = cli.main(["generate", "-m", str(path), "-p", "Hello world! The quick brown fox", "-n", "5",
+                   "--no-compile-cache"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "larger than bf16 here" in out and "192-token bf16 window ring" in out and "cached tokens on" in out
 
 
 def test_generate_unsupported_architecture(tiny_gguf, tmp_path, capsys):
@@ -146,7 +232,7 @@ def test_generate_default_model(capsys):
         default_model_path()
     except ValueError as e:
         pytest.skip(str(e))
-    assert cli.main(["generate", "--max-new-tokens", "8"]) == 0
+    assert cli.main(["generate", "--compare-bf16", "--max-new-tokens", "8"]) == 0
     text = capsys.readouterr().out
     assert "SmolLM2-135M-Instruct" in text and "identical to the bf16 run" in text
     assert "x smaller" in text

@@ -156,6 +156,51 @@ def test_generate_sizes_the_cache_for_the_shortest_prompt(params, monkeypatch):
     assert np.array_equal(bounded.tokens, unbounded.tokens)
 
 
+@pytest.mark.parametrize("kind,sampling,chunk", [("hyquant", SamplingConfig(), 5),
+                                                 ("bf16", SamplingConfig(temperature=0.9, top_k=30), 7),
+                                                 ("hyquant", SamplingConfig(temperature=0.7), 16)])
+def test_streaming_gives_the_tokens_of_one_call(params, prompts, kind, sampling, chunk):
+    """generate(on_tokens=...) decodes in calls of `chunk` steps and hands over each call's new tokens: their
+    concatenation is each sequence's result, the same tokens as one call (sampled ones too: a token's key is
+    its position's), also when sequences stop at a stop token in different calls."""
+    attn = make_attention(kind, SMALL_HQ)
+    whole = _run(params, prompts, attn, n=23, sampling=sampling, seed=4)
+    eos = (int(whole.tokens[0, 9]),)  # a token sequence 0 generates: at least one sequence stops early
+    whole = _run(params, prompts, attn, n=23, sampling=sampling, seed=4, eos_ids=eos)
+    seen = [[] for _ in prompts]
+    calls = []
+
+    def on_tokens(new):
+        calls.append([len(x) for x in new])
+        for s, x in zip(seen, new):
+            s += x
+
+    streamed = _run(params, prompts, attn, n=23, sampling=sampling, seed=4, eos_ids=eos, on_tokens=on_tokens,
+                    stream_chunk=chunk)
+    assert seen == whole.sequences() == streamed.sequences()
+    np.testing.assert_array_equal(streamed.tokens, whole.tokens)
+    np.testing.assert_array_equal(streamed.lengths, whole.lengths)
+    assert len(calls) >= 2 and all(n <= chunk for c in calls for n in c)
+    assert min(len(s) for s in seen) < 23  # the stop token ended a sequence
+
+
+def test_streaming_argument_errors(params, prompts):
+    with pytest.raises(ValueError, match="on_tokens must be None or a callable"):
+        _run(params, prompts, BF16Attention(), on_tokens=[])
+    with pytest.raises(ValueError, match="stream_chunk must be an int >= 2"):
+        _run(params, prompts, BF16Attention(), on_tokens=print, stream_chunk=1)
+
+
+def test_sampled_tokens_do_not_depend_on_the_batch(params, prompts):
+    """Each sampled token draws with a key of its position, so a sequence samples the same tokens alone as in
+    a batch (as greedy tokens do)."""
+    hot = SamplingConfig(temperature=1.0)
+    batch = _run(params, prompts, BF16Attention(), n=12, sampling=hot, seed=2)
+    for i, p in enumerate(prompts):
+        alone = _run(params, [p], BF16Attention(), n=12, sampling=hot, seed=2)
+        assert alone.sequences()[0] == batch.sequences()[i]
+
+
 def test_sampling_filters():
     logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]] * 512))
     keys = jax.random.PRNGKey(0)

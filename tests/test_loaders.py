@@ -220,6 +220,69 @@ def test_gguf_errors(tmp_path):
         load_model(tmp_path / "nothing_here")
 
 
+@pytest.fixture(scope="module")
+def tiny_gguf_bytes(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    write_gguf(path, init_params(jax.random.PRNGKey(0), TINY, jnp.float32), TINY, tokenizer=train_tokenizer())
+    return path.read_bytes()
+
+
+def test_truncated_gguf_names_the_tensor_and_the_bytes(tmp_path, tiny_gguf_bytes):
+    from models.gguf_format import check_gguf
+
+    info = check_gguf_bytes(tmp_path, tiny_gguf_bytes, check_gguf)
+    last = max(info["tensors"], key=lambda name: info["tensors"][name][2])
+    path = tmp_path / "cut.gguf"
+    path.write_bytes(tiny_gguf_bytes[:-100])
+    with pytest.raises(ValueError, match=rf"truncated or corrupt GGUF .*cut\.gguf: expected {info['tensors'][last][3]} "
+                                         rf"bytes for tensor '{re.escape(last)}'"):
+        load_model(path)
+    path.write_bytes(tiny_gguf_bytes[:200])
+    with pytest.raises(ValueError, match="truncated or corrupt GGUF"):
+        load_model(path)
+
+
+def check_gguf_bytes(tmp_path, data: bytes, check):
+    path = tmp_path / "whole.gguf"
+    path.write_bytes(data)
+    return check(path)
+
+
+def test_corrupt_gguf_headers_are_refused_with_their_reason(tmp_path, tiny_gguf_bytes):
+    """Random bytes of the header and tensor table changed: every file either loads or is refused with a
+    ValueError that says what is wrong (which field or tensor) — never an internal numpy/struct error or a
+    UnicodeDecodeError."""
+    from models.gguf_format import check_gguf
+
+    info = check_gguf_bytes(tmp_path, tiny_gguf_bytes, check_gguf)
+    table_end = tiny_gguf_bytes.index(b"blk.1.ffn_down.weight") + 64  # past the tensor table's last entry
+    gen = np.random.default_rng(0)
+    refused = 0
+    for i in range(40):
+        data = bytearray(tiny_gguf_bytes)
+        for at in gen.integers(0, table_end, size=gen.integers(1, 4)):
+            data[at] = gen.integers(0, 256)
+        path = tmp_path / f"corrupt{i}.gguf"
+        path.write_bytes(bytes(data))
+        try:
+            load_model(path, "float32")
+        except ValueError as e:
+            refused += 1
+            assert str(path) in str(e)
+            assert re.search(r"metadata|tensor|weight|magic|version|count|architecture|tokenizer|GGUF", str(e)), str(e)
+    assert refused >= 20 and len(info["tensors"]) == 21
+
+
+def test_gguf_metadata_that_is_not_utf8(tmp_path, tiny_gguf_bytes):
+    data = bytearray(tiny_gguf_bytes)
+    at = data.index(b"general.architecture")
+    data[at + 3] = 0xFF
+    path = tmp_path / "latin.gguf"
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"metadata key #\d+ is not valid UTF-8"):
+        load_model(path)
+
+
 @pytest.mark.parametrize("pre", ["gpt2", "smollm"])
 def test_gguf_tokenizer_matches_trained_tokenizer(tmp_path, pre):
     tok = train_tokenizer(pre=pre)
