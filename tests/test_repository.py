@@ -85,3 +85,42 @@ def test_design_references_name_existing_sections():
             if name not in headings:
                 missing.append(f"{path.relative_to(ROOT)}: {name!r}")
     assert not missing, f"unknown docs/design.md sections (headings: {sorted(headings)}):\n" + "\n".join(missing)
+
+
+PACKAGES = ("hyquant_jax", "models", "pallas_kernels")
+
+
+def _modules() -> list[str]:
+    return sorted(f"{p.parent.name}.{p.stem}" if p.stem != "__init__" else p.parent.name
+                  for pkg in PACKAGES for p in (ROOT / pkg).glob("*.py"))
+
+
+def test_every_module_imports_alone_and_in_any_order():
+    """No import cycle: each module imports first in a fresh interpreter, and all of them in forward, reverse
+    and shuffled order."""
+    import random
+    import sys
+
+    mods = _modules()
+    orders = [mods, mods[::-1], random.Random(0).sample(mods, len(mods))]
+    script = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n"
+    for order in orders:
+        proc = subprocess.run([sys.executable, "-c", script, *order], cwd=ROOT, capture_output=True, text=True,
+                              env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_no_module_imports_a_private_name_of_another():
+    import ast
+
+    found = []
+    for pkg in PACKAGES + ("benchmarks",):
+        for path in (ROOT / pkg).glob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    own = node.module.split(".")[0] == pkg and node.module.endswith(path.stem)
+                    private = [a.name for a in node.names if a.name.startswith("_") and a.name != "__version__"
+                               and not (ROOT / node.module.replace(".", "/") / f"{a.name}.py").exists()]
+                    if private and not own:
+                        found.append(f"{path.relative_to(ROOT)}: from {node.module} import {', '.join(private)}")
+    assert not found, "\n".join(found)
