@@ -35,14 +35,19 @@ def device_slug(devices=None) -> str:
     """Short lower-case name of the devices a run uses, for result file names: "h200", "h100", "cpu", ...;
     several devices give e.g. "h200x2"."""
     devices = jax.devices() if devices is None else devices
-    kind = devices[0].device_kind.lower() if devices[0].platform == "gpu" else devices[0].platform
-    for known in ("h200", "h100", "h800", "h20", "gh200", "b200", "a100", "l40s", "l4"):
+    return slug(devices[0].device_kind, devices[0].platform, len(devices))
+
+
+def slug(device_kind: str, platform: str = "gpu", count: int = 1) -> str:
+    """`device_slug` from a device's kind ("NVIDIA H100 80GB HBM3"), platform and the number of devices."""
+    kind = device_kind.lower() if platform == "gpu" else platform
+    for known in ("gh200", "h200", "h100", "h800", "h20", "b200", "a100", "l40s", "l4"):
         if known in kind.replace(" ", "").replace("-", ""):
             kind = known
             break
     else:
         kind = "".join(c if c.isalnum() else "_" for c in kind).strip("_") or "device"
-    return kind if len(devices) == 1 else f"{kind}x{len(devices)}"
+    return kind if count == 1 else f"{kind}x{count}"
 
 
 def default_name(benchmark: str, devices=None) -> str:

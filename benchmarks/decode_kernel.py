@@ -32,7 +32,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import hyquant_jax as hq  # noqa: E402
-from benchmarks.common import environment, time_in_loop, time_per_call, write_json  # noqa: E402
+from benchmarks.common import (default_name, environment, output_folder, time_in_loop, time_per_call,  # noqa: E402
+                               write_json)
 from benchmarks.read_bandwidth import read_bandwidth  # noqa: E402
 from hyquant_jax.decode_launch import (  # noqa: E402
     DecodeTuning, decode_attention as kernel_decode, decode_layout, use_mosaic_low_bit)
@@ -391,8 +392,9 @@ def compare_schedules(cases, modes, reps, log) -> list:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="benchmarks/results", help="directory for the JSON and the plot")
-    p.add_argument("--name", default="decode_kernel_h200", help="file stem of the outputs")
+    p.add_argument("--out", default=None, help="directory for the JSON and the plot (default: benchmarks/results; a "
+                                                 "temporary folder with --smoke)")
+    p.add_argument("--name", default=None, help="file stem of the outputs (default: decode_kernel_<device>)")
     p.add_argument("--cases", default="", help="comma-separated substrings selecting cases (default: all)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--sweep", action="store_true", help="tune the kernel at B1 32K and B16 32K first")
@@ -411,6 +413,8 @@ def main(argv=None):
     log = lambda s: print(s, flush=True)  # noqa: E731
     env = environment()
     log(f"{env}")
+    args.out = output_folder(args.out, args.smoke)
+    args.name = args.name or default_name("decode_kernel")
     selected = select_cases(args.cases, SMOKE_CASES if args.smoke else CASES)
     probe = read_bandwidth(4 << 20 if args.smoke else 2 << 30, iters=2 if args.smoke else 20)
     result = {"env": env, "config": dataclasses.asdict(CONFIG), "read_bandwidth_tb_s": probe["best"],

@@ -45,7 +45,7 @@ per step and the byte floor are per device: (the device's weight shards +
 KV bytes / (D * M)) / bandwidth; all-reduce time is not in the floor. Peak
 memory is the largest over the mesh's devices.
 
-Writes OUT/e2e_h200.json and OUT/e2e_h200.png (--name changes the stem).
+Writes OUT/e2e_<device>.json and .png (--name changes the stem; OUT is benchmarks/results by default).
 Run on the GPU box from the repository root (the package need not be installed):
   PYTHONPATH=. python benchmarks/e2e.py --out benchmarks/results
 Every decode config compiles the 36-layer decode loop once (tens of seconds),
@@ -98,8 +98,10 @@ def _ints(text: str) -> list[int]:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="benchmarks/results", help="folder for the JSON and the plot")
-    p.add_argument("--name", default="e2e_h200", help="file stem of the JSON and PNG")
+    p.add_argument("--out", default=None, help="folder for the JSON and the plot (default: benchmarks/results; a "
+                                                 "temporary folder with --smoke)")
+    p.add_argument("--name", default=None, help="file stem of the JSON and PNG (default: e2e_<device>, e.g. e2e_h100, "
+                                                "e2e_h200x2 with a mesh of two)")
     p.add_argument("--sections", default="b1,batch,prefill", help="comma list of b1, batch, prefill")
     p.add_argument("--methods", default="bf16,hyquant,kivi4", help=f"comma list from {METHODS}")
     p.add_argument("--prefixes", default="1024,2048,4096,8192,16384,32768,131072",
@@ -542,12 +544,14 @@ def main(argv=None) -> None:
     if args.worker:
         run_worker(args.worker)
         return
+    from benchmarks.common import output_folder, write_json
+
+    args.out = output_folder(args.out, args.smoke)
     if args.combine:
         combine(args)
         return
     # This process never touches the device (it would hold GPU memory the workers need):
     # the workers report the device, and _host_environment() is built without jax.devices().
-    from benchmarks.common import write_json
 
     argv = list(sys.argv[1:] if argv is None else argv)
     env = worker_env(args)
@@ -569,7 +573,7 @@ def main(argv=None) -> None:
                "bandwidth_tbs": args.bandwidth_tbs, "steps": args.steps, "reps": args.reps,
                "layer_kernels": args.layer_kernels, "stop_token": args.stop_token,
                "b1": [], "batch": [], "prefill": []}
-    path = os.path.join(args.out, f"{args.name}.json")
+    path = None  # e2e_<device> once a worker has said which device it ran on (this process never asks)
     with tempfile.TemporaryDirectory() as tmp:
         results["environment"]["compilation_cache"] = env["JAX_COMPILATION_CACHE_DIR"]
         for section in args.sections.split(","):
@@ -586,15 +590,21 @@ def main(argv=None) -> None:
                 rows = json.load(open(out)) if os.path.exists(out) else []
                 if os.path.exists(device_out):
                     results["environment"].update(json.load(open(device_out)))
+                if path is None and (args.name or results["environment"]["device"]):
+                    path = os.path.join(args.out, f"{args.name or _default_name(results)}.json")
                 if rc != 0:
                     rows.append({"method": method, "error": f"worker exited with code {rc}"})
                 results[section].extend(rows)
                 print(f"   ({time.perf_counter() - t0:.0f} s)", flush=True)
-                write_json(path, results)
+                if path is not None:
+                    write_json(path, results)
     print_tables(results)
+    if path is None:
+        print("no worker ran: nothing written")
+        return
     print(f"wrote {path}")
     if not args.no_plot:
-        png = os.path.join(args.out, f"{args.name}.png")
+        png = path[:-len(".json")] + ".png"
         plot(results, png)
         print(f"wrote {png}")
 
@@ -640,8 +650,18 @@ def _host_environment(argv) -> dict:
             "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 
+def _default_name(results) -> str:
+    """e2e_<device>, the canonical results name (several devices: e.g. e2e_h200x2)."""
+    from benchmarks.common import slug
+
+    env, mesh = results["environment"], results.get("mesh")
+    count = mesh["data"] * mesh["model"] if mesh else 1
+    return f"e2e_{slug(env['device'] or 'unknown', env.get('platform') or 'gpu', count)}"
+
+
 def combine(args) -> None:
-    """Merge partial result files: environment and settings of the first, rows of all (later wins per key)."""
+    """Merge partial result files (sections or methods run in separate calls): environment and settings of the
+    first, rows of all (later wins per key), and each part's command, date and device in `combined_from`."""
     from benchmarks.common import write_json
 
     parts = [json.load(open(path)) for path in args.combine]
@@ -654,13 +674,14 @@ def combine(args) -> None:
                 rows[tuple(r.get(k) for k in key)] = r
         merged[section] = sorted(rows.values(), key=lambda r: (str(r.get("method")),) + tuple(
             r.get(k) or 0 for k in key[1:]))
-    merged["combined_from"] = [os.path.basename(p) for p in args.combine]
-    path = os.path.join(args.out, f"{args.name}.json")
+    merged["combined_from"] = [{key: p["environment"].get(key) for key in ("command", "date", "device")}
+                               for p in parts]
+    path = os.path.join(args.out, f"{args.name or _default_name(merged)}.json")
     write_json(path, merged)
     print_tables(merged)
     print(f"wrote {path}")
     if not args.no_plot:
-        plot(merged, os.path.join(args.out, f"{args.name}.png"))
+        plot(merged, path[:-len(".json")] + ".png")
 
 
 def _b1(results) -> str:

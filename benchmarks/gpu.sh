@@ -7,12 +7,14 @@
 #   bash benchmarks/gpu.sh e2e               end to end: B=1 at 1K / 32K / 128K, then the 32K batch sweep up to out of
 #                                            memory, one process per method
 #   bash benchmarks/gpu.sh accuracy          the accuracy benchmark at its full specification (float32, as on CPU)
-#   bash benchmarks/gpu.sh ab BASE           this tree against the checkout at BASE in one call: the decode kernel's
-#                                            cases and the e2e B=1 step, one process per tree and benchmark, BASE first
+#   bash benchmarks/gpu.sh ab BASE           this tree against the checkout at BASE in one call, one process per tree
+#                                            and benchmark, BASE first: AB="decode_kernel e2e_b1" (default),
+#                                            e2e_batch_bf16 / e2e_batch_hyquant (BATCHES_BF16=..., BATCHES_HYQUANT=...)
 #
 # Results go to benchmarks/results under their canonical names (<benchmark>_<device>.json), or to $OUT when it is
 # set; every command's log goes to $LOGS (default $OUT/logs or /tmp/hyquant_gpu_logs). Environment: LIMIT (seconds
-# per command, default 540), PREFIXES (e2e B=1 contexts), CASES (decode kernel cases, e.g. "B1 32K,B1 128K").
+# per command, default 540), PREFIXES (e2e B=1 contexts), BATCHES (e2e batch sizes), CASES (decode kernel cases,
+# e.g. "B1 32K,B1 128K").
 set -u
 cd "$(dirname "$0")/.."
 part=${1:-}
@@ -67,18 +69,21 @@ case "$part" in
   ab)
     base=${1:?usage: bash benchmarks/gpu.sh ab BASE (a checkout of the tree to compare against)}
     base=$(cd "$base" && pwd) here=$PWD
-    for bench in decode_kernel e2e_b1; do
+    for bench in ${AB:-decode_kernel e2e_b1}; do
       for tree in "$base" "$here"; do
         tag=$([ "$tree" = "$here" ] && echo new || echo base)
         mkdir -p "$results/ab_$tag"
-        if [ $bench = decode_kernel ]; then
-          (cd "$tree" && PYTHONPATH="$tree" run "ab_${bench}_$tag" python3 benchmarks/decode_kernel.py \
-            --out "$results/ab_$tag" --name decode_kernel ${CASES:+--cases "$CASES"})
-        else
-          (cd "$tree" && PYTHONPATH="$tree" run "ab_${bench}_$tag" python3 benchmarks/e2e.py --out "$results/ab_$tag" \
-            --name e2e_b1 --sections b1 --methods bf16,hyquant --prefixes "${PREFIXES:-32768,131072}" --steps 64 \
-            --reps 3 --no-plot)
-        fi
+        case $bench in
+          decode_kernel) cmd=(benchmarks/decode_kernel.py --name decode_kernel ${CASES:+--cases "$CASES"}) ;;
+          e2e_b1) cmd=(benchmarks/e2e.py --name e2e_b1 --sections b1 --methods bf16,hyquant
+                       --prefixes "${PREFIXES:-32768,131072}" --steps 64 --reps 3 --no-plot) ;;
+          e2e_batch_bf16|e2e_batch_hyquant)  # the largest batch of a method: BATCHES_BF16 / BATCHES_HYQUANT
+            method=${bench#e2e_batch_} var=BATCHES_$(echo "${bench#e2e_batch_}" | tr a-z A-Z)
+            cmd=(benchmarks/e2e.py --name "$bench" --sections batch --methods "$method"
+                 --batches "${!var:?$var: the batch sizes to time}" --no-until-oom --steps 64 --reps 2 --no-plot) ;;
+          *) echo "ab: unknown benchmark $bench (decode_kernel, e2e_b1, e2e_batch_bf16, e2e_batch_hyquant)"; exit 2 ;;
+        esac
+        (cd "$tree" && PYTHONPATH="$tree:$PYTHONPATH" run "ab_${bench}_$tag" python3 "${cmd[@]}" --out "$results/ab_$tag")
       done
     done
     ;;

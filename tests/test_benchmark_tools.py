@@ -338,3 +338,42 @@ def test_e2e_mosaic_blocks_per_sm_reaches_the_hybrid_attention():
             e2e.parse_args(["--smoke", *args])
 
 
+
+
+def test_results_are_named_by_device():
+    """Canonical results files are `<benchmark>_<device>`: the device from the run, never a fixed name; a smoke
+    run writes into a temporary folder, not into benchmarks/results."""
+    from benchmarks.common import RESULTS, default_name, output_folder, slug
+
+    assert slug("NVIDIA H100 80GB HBM3") == "h100" and slug("NVIDIA H200") == "h200"
+    assert slug("NVIDIA GH200 480GB") == "gh200" and slug("NVIDIA A100-SXM4-80GB") == "a100"
+    assert slug("NVIDIA H200", count=2) == "h200x2" and slug("cpu", "cpu") == "cpu"
+    assert slug("Some New GPU 9") == "some_new_gpu_9"
+    assert default_name("decode_kernel") == "decode_kernel_cpu"  # this machine
+    assert output_folder(None) == RESULTS and output_folder("x") == "x" and output_folder(None, smoke=True) != RESULTS
+
+
+def test_e2e_combine_names_the_device_and_records_each_part(tmp_path):
+    import json
+
+    from benchmarks import e2e
+
+    def part(section, command, device="NVIDIA H100 80GB HBM3"):
+        rows = [{"method": "bf16", "prefix": 32768, "batch": 1, "step_ms": 7.0, "tokens_per_s": 142.9, "floor_ms": 6.0,
+                 "floor_over_step": 0.86, "speedup_vs_bf16": 1.0, "peak_bytes": 2**34}]
+        return {"environment": {"device": device, "platform": "gpu", "command": command, "date": "2026-12-06"},
+                "mesh": None, "b1": rows if section == "b1" else [], "batch": rows if section == "batch" else [],
+                "prefill": []}
+
+    paths = []
+    for section in ("b1", "batch"):
+        paths.append(tmp_path / f"{section}.json")
+        paths[-1].write_text(json.dumps(part(section, f"benchmarks/e2e.py --sections {section}")))
+    args = e2e.parse_args(["--combine", *map(str, paths), "--out", str(tmp_path), "--no-plot"])
+    e2e.combine(args)
+    merged = json.loads((tmp_path / "e2e_h100.json").read_text())
+    assert [c["command"] for c in merged["combined_from"]] == ["benchmarks/e2e.py --sections b1",
+                                                               "benchmarks/e2e.py --sections batch"]
+    assert len(merged["b1"]) == len(merged["batch"]) == 1
+    mesh = dict(part("b1", "x"), mesh={"data": 1, "model": 2})
+    assert e2e._default_name(mesh) == "e2e_h100x2"
