@@ -420,3 +420,31 @@ def test_decode_step_and_prefill_attention_entry_points():
         if f.name != "max_len" and getattr(cache, f.name) is not None:
             np.testing.assert_array_equal(np.asarray(getattr(cache, f.name)), np.asarray(getattr(manual, f.name)))
     assert np.asarray(cache.num_vl).sum() > np.asarray(vl[1]).sum()  # decode tokens were promoted
+
+
+def test_entry_points_name_bad_arguments():
+    """Lists as lengths are taken; a missing config, a non-cache, float lengths and tail queries of another batch
+    are ValueErrors naming the argument (not AttributeErrors from inside)."""
+    from hyquant_jax import freeze, tail_queries
+
+    cfg = config(window=16, block_size=16, rho=0.2)
+    gen = rng(21)
+    q, kv = j32(normal(gen, (2, 4, 40, 16))), j32(normal(gen, (2, 2, 40, 16)))
+    out, vl = attention.prefill_attention(q, kv, kv, [40, 23], cfg, backend="reference")
+    assert out.shape == q.shape
+    cache = freeze(kv, kv, [40, 23], tail_queries(q, [40, 23], 8), cfg, max_len=64, vl=vl)
+    np.testing.assert_array_equal(np.asarray(cache.length), [40, 23])
+    with pytest.raises(ValueError, match="config must be a hyquant_jax.HyQuantConfig, got NoneType"):
+        attention.prefill_attention(q, kv, kv, [40, 23], None)
+    with pytest.raises(ValueError, match=r"lengths must be int \[B\]=\(2,\), got float32"):
+        attention.prefill_attention(q, kv, kv, [40.0, 2.5], cfg)
+    with pytest.raises(ValueError, match=r"lengths must be int \[B\]=\(2,\), got int32 \[3\]"):
+        attention.prefill_attention(q, kv, kv, [40, 23, 1], cfg)
+    with pytest.raises(ValueError, match=r"q_tail must be \[B=2, Hq, T, D=16\]"):
+        freeze(kv, kv, [40, 23], tail_queries(q[:1], [40], 8), cfg, max_len=64)
+    with pytest.raises(ValueError, match="cache must be a hyquant_jax.HybridKVCache"):
+        attention.decode_step(q[:, :, 0], kv[:, :, 0], kv[:, :, 0], None, cfg)
+    with pytest.raises(ValueError, match="config must be a hyquant_jax.HyQuantConfig, got dict"):
+        attention.decode_attention(q[:, :, 0], cache, {"window": 16})
+    with pytest.raises(ValueError, match="num must be an int >= 1"):
+        tail_queries(q, [40, 23], 0)
