@@ -86,6 +86,8 @@ case "$part" in
         (cd "$tree" && PYTHONPATH="$tree:$PYTHONPATH" run "ab_${bench}_$tag" python3 "${cmd[@]}" --out "$results/ab_$tag")
       done
     done
+    run ab_report python3 benchmarks/report.py --results "$results" --ab "$results/ab_base" "$results/ab_new" \
+      "${BASE_LABEL:-$base}"
     ;;
   *)
     sed -n '2,18p' "$0"

@@ -23,7 +23,7 @@ RESULTS_PAGE = os.path.join(ROOT, "docs", "results.md")
 README = os.path.join(ROOT, "README.md")
 # benchmark names, longest first where one is a prefix of another
 BENCHMARKS = ("decode_kernel", "prefill_kernel", "chunked_prefill_attention", "e2e", "read_bandwidth",
-              "accuracy_retrieval", "accuracy", "generate")
+              "accuracy_retrieval", "accuracy", "generate", "ab")
 
 
 def result_files(results: str = RESULTS) -> dict[str, dict[str, str]]:
@@ -314,6 +314,48 @@ def headline_table(results: str = RESULTS) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------------------------- A/B
+
+
+def ab_record(base_dir: str, new_dir: str, base_label: str) -> dict:
+    """One record of `bash benchmarks/gpu.sh ab BASE`: the decode kernel's and the e2e step's times of the tree at
+    BASE and of this one, run one after the other in one call on one card (the files each tree's run wrote)."""
+    def load_all(folder):
+        return {os.path.basename(p)[:-5]: _load(p) for p in sorted(glob.glob(os.path.join(folder, "*.json")))}
+
+    base, new = load_all(base_dir), load_all(new_dir)
+    rows = []
+    for name in sorted(set(base) & set(new)):
+        b, n = base[name], new[name]
+        if "cases" in b:  # decode_kernel
+            bc = {r["case"]: r for r in b["cases"]}
+            for r in n["cases"]:
+                if r["case"] in bc and "loop_ms" in r["hybrid"] and "loop_ms" in bc[r["case"]]["hybrid"]:
+                    rows.append({"benchmark": "decode_kernel", "what": f"hybrid {r['case']}",
+                                 "base_ms": bc[r["case"]]["hybrid"]["loop_ms"], "new_ms": r["hybrid"]["loop_ms"]})
+        for section in ("b1", "batch"):  # e2e
+            bs = {(r["method"], r["prefix"], r["batch"]): r for r in b.get(section, []) if "step_ms" in r}
+            for r in n.get(section, []):
+                key = (r["method"], r["prefix"], r["batch"])
+                if "step_ms" in r and key in bs:
+                    rows.append({"benchmark": "e2e", "what": f"{r['method']} B{r['batch']} {r['prefix']}",
+                                 "base_ms": bs[key]["step_ms"], "new_ms": r["step_ms"]})
+    env = next((d.get("env") or d.get("environment") for d in new.values()), {}) or {}
+    return {"env": env, "base": base_label, "rows": rows,
+            "commands": {name: (d.get("env") or d.get("environment") or {}).get("command") for name, d in new.items()}}
+
+
+def ab_table(d) -> str:
+    env = d["env"]
+    lines = [f"{env.get('device')}, jax {env.get('jax')}, {str(env.get('date'))[:10]}: this tree against "
+             f"`{d['base']}`, one process per tree and benchmark, in one call (commands in the JSON).", "",
+             "| benchmark | what | base ms | new ms | new / base |", "|---|---|---|---|---|"]
+    for r in d["rows"]:
+        lines.append(f"| {r['benchmark']} | {r['what']} | {r['base_ms']:.4f} | {r['new_ms']:.4f} | "
+                     f"{r['new_ms'] / r['base_ms']:.3f} |")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------------------------------- the page
 
 
@@ -363,6 +405,11 @@ def results_page(results: str = RESULTS) -> str:
         section("Greedy agreement with bf16 by key scheme", "`hyquant generate --scheme S --json FILE` on the default "
                 "model and prompt.")
         out += [generate_table(files["generate"]), ""]
+    if "ab" in files:
+        section("Against earlier code", "`bash benchmarks/gpu.sh ab BASE`: speed of this tree against an earlier "
+                "checkout, both run in one call on one card.")
+        for dev, path in files["ab"].items():
+            out += [ab_table(_load(path)), ""]
     from benchmarks.accuracy import summary_markdown
 
     for key in ("accuracy", "accuracy_retrieval"):
@@ -377,7 +424,17 @@ def main(argv=None) -> int:
     p.add_argument("--check", action="store_true", help="exit 1 if docs/results.md or the README's headline table "
                                                         "differ from what the results files give")
     p.add_argument("--headline", action="store_true", help="print the README's headline table")
+    p.add_argument("--ab", nargs=3, metavar=("BASE_DIR", "NEW_DIR", "BASE_LABEL"),
+                   help="write results/ab_<device>.json from the two folders `gpu.sh ab` wrote, and exit")
     args = p.parse_args(argv)
+    if args.ab:
+        from benchmarks.common import slug, write_json
+
+        record = ab_record(*args.ab)
+        name = f"ab_{slug(record['env'].get('device') or 'unknown', record['env'].get('platform') or 'gpu')}"
+        write_json(os.path.join(args.results, name + ".json"), record)
+        print(ab_table(record))
+        return 0
     if args.headline:
         print(headline_table(args.results))
         return 0

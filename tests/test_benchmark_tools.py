@@ -377,3 +377,25 @@ def test_e2e_combine_names_the_device_and_records_each_part(tmp_path):
     assert len(merged["b1"]) == len(merged["batch"]) == 1
     mesh = dict(part("b1", "x"), mesh={"data": 1, "model": 2})
     assert e2e._default_name(mesh) == "e2e_h100x2"
+
+
+def test_ab_record_pairs_the_two_trees_rows(tmp_path):
+    """report.py --ab: the decode kernel's hybrid times and the e2e step times of both trees, matched by case."""
+    import json
+
+    from benchmarks.report import ab_record, ab_table
+
+    env = {"device": "NVIDIA H100 80GB HBM3", "jax": "0.11.2", "date": "2026-12-06", "command": "x"}
+    for tag, scale in (("base", 1.0), ("new", 1.02)):
+        (tmp_path / tag).mkdir()
+        dk = {"env": env, "cases": [{"case": "qwen3-8b B1 32K", "hybrid": {"loop_ms": 0.04 * scale}},
+                                    {"case": "qwen3-8b B16 32K", "hybrid": {"error": "oom"}}]}
+        e2e = {"environment": env, "b1": [{"method": "hyquant", "prefix": 32768, "batch": 1, "step_ms": 6.5 * scale},
+                                          {"method": "bf16", "prefix": 32768, "batch": 1, "error": "x"}],
+               "batch": []}
+        (tmp_path / tag / "decode_kernel.json").write_text(json.dumps(dk))
+        (tmp_path / tag / "e2e_b1.json").write_text(json.dumps(e2e))
+    record = ab_record(str(tmp_path / "base"), str(tmp_path / "new"), "archive/experiments-2026-12")
+    assert [(r["benchmark"], r["what"]) for r in record["rows"]] == [("decode_kernel", "hybrid qwen3-8b B1 32K"),
+                                                                     ("e2e", "hyquant B1 32768")]
+    assert "| 1.020 |" in ab_table(record)
