@@ -103,7 +103,8 @@ def prefill_attention(q, k, v, lengths, config: HyQuantConfig, backend: str = "a
     Returns (out [B, Hq, T, D], (vl_idx, vl_count)) so Freeze can reuse the VL set.
     """
     check_config(config)
-    lengths = as_lengths(lengths, q.shape[0] if getattr(q, "ndim", 0) == 4 else -1)
+    if getattr(q, "ndim", 0) == 4:  # else check_prefill_shapes names q
+        lengths = as_lengths(lengths, q.shape[0])
     reference.check_prefill_shapes(q, k, v, lengths)
     q_tail = tail_queries(q, lengths, tail_query_count(config))
     vl = vertical_token_identification(q_tail, k, lengths, config, scale=scale)

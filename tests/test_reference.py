@@ -379,7 +379,7 @@ def test_prefill_attention_names_bad_arguments_before_any_work():
         ((q[:, :3], kv, kv, lengths), r"GQA needs Hq % Hkv == 0"),
         ((q, kv[..., :32], kv, lengths), r"k, v \[B, Hkv, T, D\]"),
         ((q, kv, kv, jnp.array([8.0, 3.0])), r"lengths must be int \[B\]=\(2,\), got float32"),
-        ((q, kv, kv, lengths[:1]), r"lengths must be int \[B\]=\(2,\), got int32 \(1,\)"),
+        ((q, kv, kv, lengths[:1]), r"lengths must be int \[B\]=\(2,\), got int32 \[1\]"),
         ((q, kv, kv, ji32([9, 3])), r"lengths must lie in \[0, T=8\], got \[9, 3\]"),
         ((q, kv, kv, ji32([8, -1])), r"lengths must lie in \[0, T=8\]"),
         ((q.astype(jnp.int32), kv, kv, lengths), r"q must be a floating-point array, got int32"),

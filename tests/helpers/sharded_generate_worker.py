@@ -148,7 +148,7 @@ def _cli(shape: str) -> dict:
             out = Path(tmp) / f"{mesh}.json"
             argv = ["generate", "--model", str(path), "--prompt", "Hello world! The quick brown fox", "--prompt",
                     "def f(x):", "--max-new-tokens", "8", "--window", "16", "--block-size", "16",
-                    "--prefill-block", "16", "--no-compare", "--json", str(out)]
+                    "--prefill-block", "16", "--no-compile-cache", "--json", str(out)]
             text = io.StringIO()
             with contextlib.redirect_stdout(text):
                 rc = cli.main(argv + (["--mesh", mesh] if mesh else []))
