@@ -226,7 +226,7 @@ def test_layer_kernels_mode():
     with pytest.raises(ValueError, match="powers of two"):
         layer_kernels("triton", dctx, TINY)
     with pytest.raises(ValueError, match="layer_kernels must be one of"):
-        layer_kernels("triton", dctx, POW2)
+        layer_kernels("pallas", dctx, POW2)  # the backend's name is "triton"
 
 
 def test_chunked_prefill_matches_whole():
