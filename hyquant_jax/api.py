@@ -139,7 +139,7 @@ class Model:
         if on_text is not None:
             decoder = _TextDeltas(self.tokenizer, len(ids))
             on_tokens = lambda new: on_text(decoder.add(new))  # noqa: E731
-        res = generate(self.params, self.config, ids, attention=impl, max_new_tokens=max_new_tokens,
+        res = generate(self.params, ids, attention=impl, max_new_tokens=max_new_tokens,
                        sampling=sampling or SamplingConfig(), eos_ids=eos, pad_id=self.tokenizer.pad_id or 0,
                        seed=seed, prefill_chunk=prefill_chunk, keep_states=True, mesh=mesh, on_tokens=on_tokens)
         kv = kv_cache_bytes(impl, res.states, res.cache_lengths)
@@ -198,6 +198,6 @@ def load(model: str | Path | None = None, *, dtype: str = "auto", progress: bool
         raise ValueError(f"model must be None, a path string or a pathlib.Path, got {type(model).__name__}")
     dt = compute_dtype(dtype)
     path = default_model_path() if model is None else Path(model)
-    config, params, tokenizer = load_model(path, dt, progress=progress)
+    params, tokenizer = load_model(path, dt, progress=progress)
     name = f"{path.name} (default)" if model is None else path.name
-    return Model(config=config, params=params, tokenizer=tokenizer, name=name)
+    return Model(config=params.config, params=params, tokenizer=tokenizer, name=name)

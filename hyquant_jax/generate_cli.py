@@ -162,7 +162,8 @@ def run_generate(args, config: HyQuantConfig, echo=print) -> dict:
     # With a mesh, weights are read into host memory and then split over the devices (no device holds all).
     where = jax.default_device(jax.devices("cpu")[0]) if mesh is not None else contextlib.nullcontext()
     with where:
-        model_cfg, params, tokenizer = load_model(args.model, dtype, progress=True)
+        params, tokenizer = load_model(args.model, dtype, progress=True)
+    model_cfg = params.config
     load_s = time.perf_counter() - t0
     model_name = Path(args.model).name if args.model else "SmolLM2-135M-Instruct.Q4_1.gguf (default)"
     texts = _prompts(args, tokenizer)
@@ -186,7 +187,7 @@ def run_generate(args, config: HyQuantConfig, echo=print) -> dict:
         attention = make_attention(kind, config, backend=args.backend, cache_dtype=jnp.bfloat16)
         label = _describe(kind, config)
         echo(f"\n[{kind}] {label}: compiling and generating ...", file=sys.stderr)
-        res = generate(params, model_cfg, prompts, attention=attention, max_new_tokens=args.max_new_tokens,
+        res = generate(params, prompts, attention=attention, max_new_tokens=args.max_new_tokens,
                        sampling=sampling, eos_ids=tokenizer.eos_ids or model_cfg.eos_token_ids,
                        pad_id=tokenizer.pad_id or 0, seed=args.seed, prefill_chunk=args.prefill_chunk,
                        keep_states=True, mesh=mesh)
