@@ -471,7 +471,7 @@ class OperatorRunner:
         self.windows, self.layers, self.queries = windows, layers, queries
         self.length, self.qkv, self.ref = None, None, None
 
-    def at(self, length: int) -> "OperatorRunner":
+    def at(self, length: int) -> OperatorRunner:
         from hyquant_jax.evaluation import decode_operator_reference
 
         if length != self.length:

@@ -643,7 +643,7 @@ def _host_environment(argv) -> dict:
     import jax  # the version only: no backend is initialised here
 
     return {"device": None, "platform": None, "jax": jax.__version__, "python": platform.python_version(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "command": " ".join(shlex.quote(a) for a in ["benchmarks/e2e.py"] + argv),
             "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
@@ -709,7 +709,8 @@ def print_tables(results) -> None:
                 print(f"  {r['batch']:>5} {r['method']:>8} {r['step_ms']:8.2f} {r['tokens_per_s']:9.1f} "
                       f"{peak:8.1f} {r['floor_over_step']:6.2f} {_ratio(r)}")
             else:
-                print(f"  {r.get('batch', '-'):>5} {r['method']:>8} {'OOM' if r.get('oom') else r.get('error', '')[:80]}")
+                what = "OOM" if r.get("oom") else r.get("error", "")[:80]
+                print(f"  {r.get('batch', '-'):>5} {r['method']:>8} {what}")
     if results["prefill"]:
         print(f"\nprefill (B={_b1(results)}): prefix, method, seconds, tokens/s, chunk, chunk attention")
         for r in results["prefill"]:

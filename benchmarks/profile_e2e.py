@@ -119,7 +119,8 @@ def main():
     p.add_argument("--dump-events", action="store_true",
                    help="also write each decode config's GPU events in order (name, stream, start, duration in us) "
                         "to OUT/NAME_events_METHOD_PREFIX.json.gz, to see which launches idle gaps sit between, "
-                        "and the compiled decode loop's HLO (kernel names = fusion names) to OUT/NAME_hlo_METHOD_PREFIX.txt.gz")
+                        "and the compiled decode loop's HLO (kernel names = fusion names) to "
+                        "OUT/NAME_hlo_METHOD_PREFIX.txt.gz")
     p.add_argument("--layer-kernels", default="auto", choices=("auto", "xla"), help="as in e2e.py")
     args = p.parse_args()
     import jax

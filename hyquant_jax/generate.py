@@ -30,8 +30,9 @@ import functools
 import math
 import os
 import time
+from collections.abc import Sequence
 from functools import partial
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -195,14 +196,15 @@ def decode_compiler_options(xla_flags: str, device_loops: bool = False) -> dict[
     XLA's default (LHS) chains the graph's kernels in program order; CONCURRENT lets independent kernels
     (e.g. the hybrid decode's two attention launches, or a layer's norm and cache writes next to its
     products) overlap. Same call on the H200, B=1 Qwen3-8B shape, ms per step at 1K / 32K: bf16 4.84 / 6.25 ->
-    4.58 / 6.00; hyquant with a branch-free step 5.31 / 6.21 -> 5.21 / 6.04 (with a `lax.cond` in every step it was 5.37 / 6.19,
-    hence `steps_until_begin`).
+    4.58 / 6.00; hyquant with a branch-free step 5.31 / 6.21 -> 5.21 / 6.04 (with a `lax.cond` in every step
+    it was 5.37 / 6.19, hence `steps_until_begin`).
 
     device_loops: a while loop whose trip count XLA cannot know (it stops on data) otherwise runs from the
     host: each step the host reads the condition back, waits for the GPU to drain, then launches the next
     body graph. With WHILE the loops become device-side loops inside one CUDA graph (nothing per step on the
     host). See `uses_device_loops` for when `decode` takes them, and docs/design.md ("Device loops and
-    command buffers") for the measurements. A setting of the same option in `xla_flags` (XLA_FLAGS, read at import) wins.
+    command buffers") for the measurements. A setting of the same option in `xla_flags` (XLA_FLAGS, read at
+    import) wins.
     """
     options = {}
     if "xla_gpu_command_buffer_scheduling_mode" not in xla_flags:

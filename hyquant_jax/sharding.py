@@ -54,7 +54,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, ClassVar, Mapping
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
