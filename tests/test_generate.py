@@ -80,6 +80,25 @@ def test_eos_stops_each_sequence(model, prompts):
     assert np.array_equal(res.cache_lengths, res.prompt_lengths + res.lengths - 1)
 
 
+@pytest.mark.parametrize("kind", ["bf16", "hyquant"])
+def test_streaming_gives_the_same_tokens(model, prompts, kind):
+    """generate(on_tokens=...) decodes in calls of stream_chunk steps of one compiled loop: the streamed pieces add
+    up to each sequence, and the tokens equal those of one decode call, greedy and sampled, with a stop token."""
+    attn = make_attention(kind, SMALL_HQ)
+    hot = SamplingConfig(temperature=0.8, top_k=20)
+    for sampling, eos in ((SamplingConfig(), ()), (hot, ()), (SamplingConfig(), None)):
+        whole = _run(model, prompts, attn, n=21, sampling=sampling, seed=4, eos_ids=eos or ())
+        if eos is None:  # a token the first sequence generates mid-way stops it there
+            eos = (whole.sequences()[0][9],)
+            whole = _run(model, prompts, attn, n=21, sampling=sampling, seed=4, eos_ids=eos)
+        pieces = []
+        streamed = _run(model, prompts, attn, n=21, sampling=sampling, seed=4, eos_ids=eos, stream_chunk=4,
+                        on_tokens=pieces.append)
+        assert streamed.sequences() == whole.sequences()
+        assert [sum((p[i] for p in pieces), []) for i in range(len(prompts))] == whole.sequences()
+        assert len(pieces) > 2
+
+
 def test_eos_as_first_token_and_single_new_token(model, prompts):
     first = _run(model, prompts, BF16Attention(), n=1)
     assert first.tokens.shape == (3, 1) and np.all(first.lengths == 1) and first.decode_steps == 0
