@@ -1,7 +1,7 @@
 """HyQuant attention as a Flax NNX layer, for a user's own Flax decoder.
 
     attn = hq.HyQuantAttention(hq.HyQuantConfig())
-    out, prompt = attn(q, k, v, mode="prefill", lengths=lengths)   # the whole prompt, exact-ish hybrid prefill
+    out, prompt = attn(q, k, v, mode="prefill", lengths=lengths)   # whole prompts: VTI, INT8 Q.K off the VL set
     cache = attn.freeze(prompt, max_len=1024)                       # Freeze: VL set, low-bit pages, window
     out1, cache = attn(q1, k1, v1, mode="decode", cache=cache)      # one token per sequence, cache in and out
 
