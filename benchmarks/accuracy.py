@@ -5,7 +5,7 @@
   python benchmarks/accuracy.py --summary-only benchmarks/results/accuracy_cpu.json
   python benchmarks/accuracy.py --combine-retrieval PART.json... --out ALL.json   (retrieval run in pieces)
 
-Every method runs through the same model code (`models.forward`) and the
+Every method runs through the same model code (`models.Decoder`) and the
 model-facing attention implementations, on the jnp reference path (XLA on any
 device; float32 matmuls at full precision and float32 P.V, so a GPU run computes
 what a CPU run does):
@@ -314,8 +314,10 @@ class Captures:
     so windows of different lengths overlap only where they share a start.
     """
 
-    def __init__(self, params, config, tokens):
-        self.params, self.config, self.tokens = params, config, tokens
+    def __init__(self, model, tokens):
+        from models import split_model
+
+        self.model, self.tokens = split_model(model), tokens
         self.store: dict[int, list] = {}
 
     def get(self, length: int, count: int) -> list[tuple]:
@@ -330,7 +332,7 @@ class Captures:
             raise ValueError(f"cannot take {count} windows of {length} tokens from {len(self.tokens)} tokens")
         for i in _progress(range(len(have), count), desc=f"capture q/k/v {length}"):
             window = jnp.asarray(self.tokens[i * stride:i * stride + length][None])
-            layers = capture_qkv(self.params, window, config=self.config)
+            layers = capture_qkv(*self.model, window)
             have.append(tuple(jnp.concatenate([layer[j] for layer in layers]) for j in range(3)))
         return have[:count]
 
@@ -601,24 +603,25 @@ def flavor_groups(names, cache_dtype, query_chunk: int = PREFILL_CHUNK) -> dict:
     return groups
 
 
-def perplexity_section(params, model_cfg, wiki_tokens, sizes: Sizes, cache_dtype) -> dict:
+def perplexity_section(model, wiki_tokens, sizes: Sizes, cache_dtype) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
     from benchmarks._accuracy_tasks import window_starts
     from hyquant_jax.evaluation import decode_states, run_prefill, teacher_forced_nll
+    from models import split_model
 
+    model = split_model(model)
     span = sizes.ppl_prefix + sizes.ppl_tokens + 1
     starts = window_starts(len(wiki_tokens), span, sizes.ppl_windows)
     tokens = jnp.asarray(np.stack([wiki_tokens[s:s + span] for s in starts]))
     lengths = jnp.full((len(starts),), sizes.ppl_prefix, jnp.int32)
     nll, top1 = {}, {}
     for flavor, members in flavor_groups(sizes.ppl_methods, cache_dtype).items():
-        _, kvs = run_prefill(params, tokens[:, :sizes.ppl_prefix], lengths, config=model_cfg, prefill=flavor)
+        _, kvs = run_prefill(*model, tokens[:, :sizes.ppl_prefix], lengths, prefill=flavor)
         for name, att in _progress(members, desc=f"perplexity ({flavor.flavor} prefill)"):
             states = decode_states(att, kvs, lengths, span)
-            out, pred, _ = teacher_forced_nll(params, states, tokens[:, sizes.ppl_prefix:], lengths,
-                                              config=model_cfg, attention=att)
+            out, pred, _ = teacher_forced_nll(*model, states, tokens[:, sizes.ppl_prefix:], lengths, attention=att)
             nll[name], top1[name] = np.asarray(out, np.float64), np.asarray(pred)
         del kvs
     return perplexity_summary(nll, top1, starts, sizes)
@@ -670,7 +673,7 @@ def retrieval_samples(sizes: Sizes, haystack, tokenizer, seed: int, first_index:
             for task in retrieval_tasks_at(sizes, length) for depth in sizes.retrieval_depths]
 
 
-def retrieval_section(params, model_cfg, tokenizer, haystack, sizes: Sizes, cache_dtype, seed: int,
+def retrieval_section(model, tokenizer, haystack, sizes: Sizes, cache_dtype, seed: int,
                       batch: int | None = None, checkpoint=None, first_index: int = 0,
                       query_chunk: int = PREFILL_CHUNK) -> dict:
     """Greedy retrieval of every method on every sample, scored (RULER string match).
@@ -706,7 +709,7 @@ def retrieval_section(params, model_cfg, tokenizer, haystack, sizes: Sizes, cach
         return out
 
     on_batch = None if checkpoint is None else (lambda outputs: checkpoint(section(outputs, complete=False)))
-    ids = generate_batches(params, model_cfg, tokenizer, samples, sizes.retrieval_methods, cache_dtype,
+    ids = generate_batches(model, tokenizer, samples, sizes.retrieval_methods, cache_dtype,
                            batch=batch or len(sizes.retrieval_depths), desc="retrieval", on_batch=on_batch,
                            query_chunk=query_chunk)
     return section(ids, complete=True)
@@ -799,7 +802,7 @@ def combine_retrieval(sections: list[dict]) -> dict:
     return out
 
 
-def generate_batches(params, model_cfg, tokenizer, samples, methods, cache_dtype, batch: int, desc: str,
+def generate_batches(model, tokenizer, samples, methods, cache_dtype, batch: int, desc: str,
                      on_batch=None, query_chunk: int = PREFILL_CHUNK) -> dict:
     """Greedy token ids of every sample for every method: {method: [list of ids per sample]}.
 
@@ -817,7 +820,10 @@ def generate_batches(params, model_cfg, tokenizer, samples, methods, cache_dtype
     from hyquant_jax.evaluation import decode_states, run_prefill
     from hyquant_jax.generate import decode
     from hyquant_jax.sampling import SamplingConfig
+    from models import split_model
 
+    model_cfg = model.config
+    model_def, weights = split_model(model)
     outputs = {m: [None] * len(samples) for m in methods}
     groups = flavor_groups(methods, cache_dtype, query_chunk)
     eos = tuple(tokenizer.eos_ids or model_cfg.eos_token_ids)
@@ -838,11 +844,11 @@ def generate_batches(params, model_cfg, tokenizer, samples, methods, cache_dtype
                 tokens[r, :len(samples[j].prompt)] = samples[j].prompt
             lengths = jnp.asarray([len(samples[j].prompt) for j in rows], jnp.int32)
             for flavor, members in groups.items():
-                logits, kvs = run_prefill(params, jnp.asarray(tokens), lengths, config=model_cfg, prefill=flavor)
+                logits, kvs = run_prefill(model_def, weights, jnp.asarray(tokens), lengths, prefill=flavor)
                 first = jnp.argmax(logits, axis=-1).astype(jnp.int32)
                 for name, att in members:
                     states = decode_states(att, kvs, lengths, length + max_new)
-                    _, out, count, *_ = decode(params, states, first, lengths, jax.random.PRNGKey(0), config=model_cfg,
+                    _, out, count, *_ = decode(model_def, weights, states, first, lengths, jax.random.PRNGKey(0),
                                                attention=att, sampling=SamplingConfig(), max_new_tokens=max_new,
                                                eos_ids=eos, pad_id=pad)
                     out, count = np.asarray(out), np.asarray(count)
@@ -854,14 +860,14 @@ def generate_batches(params, model_cfg, tokenizer, samples, methods, cache_dtype
     return outputs
 
 
-def greedy_section(params, model_cfg, tokenizer, haystack, sizes: Sizes, cache_dtype) -> dict:
+def greedy_section(model, tokenizer, haystack, sizes: Sizes, cache_dtype) -> dict:
     from benchmarks._accuracy_tasks import Sample, greedy_prompts
     from hyquant_jax.generate_cli import agreement
 
     prompts = greedy_prompts(haystack, tokenizer, sizes.greedy_prompts, sizes.greedy_length)
     samples = [Sample("greedy", sizes.greedy_length, 0.0, i, p, [], sizes.greedy_tokens)
                for i, p in enumerate(prompts)]
-    tokens = generate_batches(params, model_cfg, tokenizer, samples, sizes.greedy_methods, cache_dtype,
+    tokens = generate_batches(model, tokenizer, samples, sizes.greedy_methods, cache_dtype,
                               batch=len(samples), desc="greedy")
     result = {"prompts": len(prompts), "prompt_tokens": [len(p) for p in prompts], "tokens": sizes.greedy_tokens,
               "definition": "share of positions with the same greedy token as bf16 over the longer of the two "
@@ -1196,7 +1202,8 @@ def run(args, sizes: Sizes) -> dict:
     if need_essays:
         require_dir(args.essays, "--essays")
     cache_dtype = jnp.bfloat16
-    model_cfg, params, tokenizer = load_model(args.model, _compute_dtype(args.dtype))
+    model, tokenizer = load_model(args.model, _compute_dtype(args.dtype))
+    model_cfg = model.config
     if args.out is None or args.out.is_dir():
         args.out = default_out(args.sections, args.quick, args.out)
     stem = args.out.with_suffix("")
@@ -1227,7 +1234,7 @@ def run(args, sizes: Sizes) -> dict:
         _write(args.out, result)
 
     wiki = wikitext_tokens(args.wikitext, tokenizer) if need_wiki else None
-    captures = Captures(params, model_cfg, wiki) if need_wiki else None
+    captures = Captures(model, wiki) if need_wiki else None
     if "coverage" in args.sections:
         def coverage():  # the heatmaps too, so that the JSON written after the section names their PNG
             out = coverage_section(captures, sizes, model_cfg)
@@ -1247,18 +1254,18 @@ def run(args, sizes: Sizes) -> dict:
     if captures is not None:
         captures.drop()
     if "perplexity" in args.sections:
-        section("perplexity", lambda: perplexity_section(params, model_cfg, wiki, sizes, cache_dtype))
+        section("perplexity", lambda: perplexity_section(model, wiki, sizes, cache_dtype))
     haystack = Haystack.from_folder(args.essays, tokenizer) if need_essays else None
     if "retrieval" in args.sections:
         def checkpoint(partial):  # after every batch: a run stopped early keeps the samples it finished
             result["retrieval"] = partial
             _write(args.out, result)
 
-        section("retrieval", lambda: retrieval_section(params, model_cfg, tokenizer, haystack, sizes, cache_dtype,
+        section("retrieval", lambda: retrieval_section(model, tokenizer, haystack, sizes, cache_dtype,
                                                        args.seed, args.retrieval_batch, checkpoint,
                                                        args.retrieval_first_index, args.prefill_chunk))
     if "greedy" in args.sections:
-        section("greedy", lambda: greedy_section(params, model_cfg, tokenizer, haystack, sizes, cache_dtype))
+        section("greedy", lambda: greedy_section(model, tokenizer, haystack, sizes, cache_dtype))
     result["wall_s"] = time.perf_counter() - t_start + sum(
         v for k, v in result["timings_s"].items() if k in result.get("merged_from", {}).get("sections", []) and v)
     finish(result, args.out)

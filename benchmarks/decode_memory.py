@@ -28,7 +28,7 @@ def main(argv=None) -> None:
     from benchmarks.hlo import branch_launches, computation, copies, large_entry_buffers, launches, while_bodies
     from hyquant_jax import SamplingConfig
     from hyquant_jax.generate import decode
-    from models import init_params
+    from models import abstract_model, init_model, split_model
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--method", default="hyquant", help="an e2e.py method (bf16, hyquant, kivi4, ...)")
@@ -46,28 +46,29 @@ def main(argv=None) -> None:
     config = e2e._model(e2e_args)
     attention, _ = e2e._attention(e2e_args, args.method)
     max_len = args.prefix + args.steps + 8
-    params = jax.eval_shape(lambda: init_params(jax.random.PRNGKey(0), config, jnp.bfloat16))
-    weights = None
+    model_def, weights = split_model(abstract_model(config, jnp.bfloat16))  # shapes only
+    after_init = None
     if args.allocate_weights:  # e2e.py's eager initialization; is anything besides the weights left alive?
-        real = jax.block_until_ready(init_params(jax.random.PRNGKey(0), config, jnp.bfloat16))
+        real = init_model(jax.random.PRNGKey(0), config, jnp.bfloat16)
+        real_weights = jax.block_until_ready(split_model(real).weights)
         gc.collect()
         stats = jax.devices()[0].memory_stats() or {}
-        weights = {"weights_bytes": sum(x.nbytes for x in jax.tree_util.tree_leaves(real)),
-                   "bytes_in_use": stats.get("bytes_in_use"), "peak_bytes_in_use": stats.get("peak_bytes_in_use")}
-        print("after init: " + ", ".join(f"{k} {v / 2**30:.3f} GiB" for k, v in weights.items() if v is not None))
-        del real
+        after_init = {"weights_bytes": sum(x.nbytes for x in jax.tree_util.tree_leaves(real_weights)),
+                      "bytes_in_use": stats.get("bytes_in_use"), "peak_bytes_in_use": stats.get("peak_bytes_in_use")}
+        print("after init: " + ", ".join(f"{k} {v / 2**30:.3f} GiB" for k, v in after_init.items() if v is not None))
+        del real, real_weights
     states = jax.eval_shape(lambda: e2e._states(attention, config, args.prefix, args.batch, max_len))
     tokens = jax.ShapeDtypeStruct((args.batch,), jnp.int32)
-    static = dict(config=config, attention=attention, sampling=SamplingConfig(), max_new_tokens=args.steps + 1,
-                  eos_ids=(), pad_id=0, layer_kernels="auto")
-    compiled = decode.lower(params, states, tokens, tokens, jax.random.PRNGKey(2), **static).compile()
+    static = dict(attention=attention, sampling=SamplingConfig(), max_new_tokens=args.steps + 1, eos_ids=(), pad_id=0,
+                  layer_kernels="auto")
+    compiled = decode.lower(model_def, weights, states, tokens, tokens, jax.random.PRNGKey(2), **static).compile()
     analysis, hlo = compiled.memory_analysis(), compiled.as_text()
     fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
               "generated_code_size_in_bytes")
     result = {"method": args.method, "prefix": args.prefix, "batch": args.batch, "layers": config.num_layers,
               "device": jax.devices()[0].device_kind, "jax": jax.__version__,
               "memory_analysis": {f: getattr(analysis, f, None) for f in fields} if analysis else None,
-              "weights_after_init": weights,
+              "weights_after_init": after_init,
               "large_entry_buffers": large_entry_buffers(hlo, int(args.min_mb * 2**20))}
     bodies = {body: computation(hlo, body) for body in while_bodies(hlo)}
     result["while_bodies"] = {body: dict(launches=len(launches(text)), conditionals=branch_launches(hlo, text))

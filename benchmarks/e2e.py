@@ -334,11 +334,11 @@ def flush_period(attention) -> int | None:
     return config.block_size
 
 
-def _decode_config(args, params, config, attention, method, prefix, batch, mesh=None):
+def _decode_config(args, model, attention, method, prefix, batch, mesh=None):
     """Time the decode loop for one (prefix, batch); returns a result dict.
 
-    attention: the (possibly sharded) attention of the decode loop; the
-    states are built with the unsharded one inside it.
+    model: a `models.Decoder` (on the mesh when given); attention: the (possibly sharded) attention of the
+    decode loop; the states are built with the unsharded one inside it.
     """
     import jax
     import jax.numpy as jnp
@@ -347,7 +347,10 @@ def _decode_config(args, params, config, attention, method, prefix, batch, mesh=
     from hyquant_jax import SamplingConfig, kv_cache_bytes
     from hyquant_jax.generate import decode, decode_in_place, last_tokens
     from hyquant_jax.sharding import check_batch_fits, shard_bytes
+    from models import split_model
 
+    config = model.config
+    model_def, weights = split_model(model)
     check_batch_fits(batch, _data_size(mesh))
     steps = args.steps
     period = flush_period(attention)
@@ -359,7 +362,7 @@ def _decode_config(args, params, config, attention, method, prefix, batch, mesh=
     lengths = _put(jnp.full((batch,), prefix, jnp.int32), mesh)
     first = _put(jax.random.randint(jax.random.PRNGKey(1), (batch,), 0, config.vocab_size, jnp.int32), mesh)
     key = _put(jax.random.PRNGKey(2), mesh, batch_axis=False)
-    static = dict(config=config, attention=attention, sampling=SamplingConfig(), max_new_tokens=steps + 1,
+    static = dict(attention=attention, sampling=SamplingConfig(), max_new_tokens=steps + 1,
                   eos_ids=(config.vocab_size,) if args.stop_token else (), pad_id=0,
                   layer_kernels=args.layer_kernels)
     kv_start = kv_cache_bytes(attention, states, np.asarray(jnp.copy(lengths)))  # a copy: lengths may be donated
@@ -370,8 +373,8 @@ def _decode_config(args, params, config, attention, method, prefix, batch, mesh=
 
     def call(states, first, lengths, out, n):
         if args.in_place:
-            return decode_in_place(params, states, first, lengths, key, (out, n), **static)
-        return decode(params, states, first, lengths, key, **static)
+            return decode_in_place(model_def, weights, states, first, lengths, key, (out, n), **static)
+        return decode(model_def, weights, states, first, lengths, key, **static)
 
     t0 = time.perf_counter()
     states, out, counts, lengths, n = call(states, first, lengths, out, n)
@@ -390,20 +393,21 @@ def _decode_config(args, params, config, attention, method, prefix, batch, mesh=
     assert int(n) == steps, (int(n), steps)
     # after the timing, on arrays alive now (in place, first was donated; counts has its shape): a cache hit
     temp = _temp_bytes(decode_in_place if args.in_place else decode,
-                       (params, states, counts, lengths, key) + (((out, n),) if args.in_place else ()), static)
+                       (model_def, weights, states, counts, lengths, key) + (((out, n),) if args.in_place else ()),
+                       static)
     kv_end = kv_cache_bytes(attention, states, np.asarray(lengths))
     step_s = statistics.median(times) / steps
     devices = len(_devices(mesh))
-    weights = shard_bytes(params) - shard_bytes(params.embed)  # per device (the whole model on one device)
+    read = shard_bytes(weights) - shard_bytes(weights["embed"])  # per device (the whole model on one device)
     kv = float((kv_start.sum() + kv_end.sum()) / 2)
-    floor_s = (weights + kv / devices) / (args.bandwidth_tbs * 1e12)
+    floor_s = (read + kv / devices) / (args.bandwidth_tbs * 1e12)
     del states, out, kept
     gc.collect()
     return {"method": method, "prefix": prefix, "batch": batch, "step_ms": 1e3 * step_s,
             "tokens_per_s": batch / step_s, "loop_seconds": times,
             "step_ms_mean": 1e3 * sum(times) / (len(times) * steps), "flush_period_steps": period,
             "compile_and_warmup_s": compile_s,
-            "devices": devices, "weights_bytes_read": int(weights), "kv_bytes_read": int(kv),
+            "devices": devices, "weights_bytes_read": int(read), "kv_bytes_read": int(kv),
             "kv_bytes_read_per_device": int(kv / devices),
             "kv_bytes_per_sequence": int(kv / batch), "floor_ms": 1e3 * floor_s,
             "floor_over_step": floor_s / step_s, "peak_bytes": _peak_bytes(mesh), "decode_temp_bytes": temp}
@@ -422,28 +426,32 @@ def _temp_bytes(fn, args, static) -> int | None:
     return None if analysis is None else int(analysis.temp_size_in_bytes)
 
 
-def _prefill_config(args, params, config, attention, method, prefix, mesh=None):
+def _prefill_config(args, model, attention, method, prefix, mesh=None):
     """Time the prefill (+ Freeze) of B = 1 prompt per data shard: whole, or in chunks of --prefill-chunk."""
     import jax
     import jax.numpy as jnp
 
     from hyquant_jax import SamplingConfig
     from hyquant_jax.generate import prefill
+    from models import split_model
+
+    config = model.config
+    model_def, weights = split_model(model)
 
     batch = _data_size(mesh)
     tokens = _put(jax.random.randint(jax.random.PRNGKey(3), (batch, prefix), 0, config.vocab_size, jnp.int32), mesh)
     lengths = _put(jnp.full((batch,), prefix, jnp.int32), mesh)
     chunk = args.prefill_chunk or prefix
-    static = dict(config=config, attention=attention, sampling=SamplingConfig(), chunk=chunk, max_len=prefix + 8)
+    static = dict(attention=attention, sampling=SamplingConfig(), chunk=chunk, max_len=prefix + 8)
     t0 = time.perf_counter()
     key0 = _put(jax.random.PRNGKey(0), mesh, batch_axis=False)
-    compiled = prefill.lower(params, tokens, lengths, key0, **static).compile()
+    compiled = prefill.lower(model_def, weights, tokens, lengths, key0, **static).compile()
     compile_s = time.perf_counter() - t0
     times = []
     for r in range(args.reps + 1):
         key = _put(jax.random.PRNGKey(r), mesh, batch_axis=False)
         t0 = time.perf_counter()
-        first, _, states = compiled(params, tokens, lengths, key)
+        first, _, states = compiled(weights, tokens, lengths, key)
         jax.block_until_ready((first, states))
         times.append(time.perf_counter() - t0)
         del states
@@ -456,8 +464,9 @@ def _prefill_config(args, params, config, attention, method, prefix, mesh=None):
 def run_worker(spec_path: str) -> None:
     import jax
     import jax.numpy as jnp
+    from flax import nnx
 
-    from models import init_params
+    from models import init_model
 
     spec = json.loads(open(spec_path).read())
     args = parse_args(spec["argv"])
@@ -466,14 +475,14 @@ def run_worker(spec_path: str) -> None:
     attention, _ = _attention(args, method)
     mesh = _mesh(args)
     if mesh is None:
-        params = init_params(jax.random.PRNGKey(0), config, jnp.bfloat16)
+        model = init_model(jax.random.PRNGKey(0), config, jnp.bfloat16)
     else:
-        from hyquant_jax.sharding import ShardedAttention, describe_mesh, init_params_sharded
+        from hyquant_jax.sharding import ShardedAttention, describe_mesh, init_model_sharded
 
-        params = init_params_sharded(jax.random.PRNGKey(0), config, mesh, jnp.bfloat16)
+        model = init_model_sharded(jax.random.PRNGKey(0), config, mesh, jnp.bfloat16)
         attention = ShardedAttention(attention, mesh)
         print(f"mesh: {describe_mesh(mesh)}", flush=True)
-    jax.block_until_ready(params)
+    jax.block_until_ready(nnx.state(model))
     init_peak = _peak_bytes(mesh)  # the weights and their initialization's temporaries (`peak_bytes` includes them)
     rows = []
     with open(spec["device_out"], "w") as f:
@@ -489,20 +498,19 @@ def run_worker(spec_path: str) -> None:
 
     if section == "prefill":
         for prefix in _ints(args.prefill_prefixes):
-            rows.append(_guarded(lambda: _prefill_config(args, params, config, attention, method, prefix, mesh),
+            rows.append(_guarded(lambda: _prefill_config(args, model, attention, method, prefix, mesh),
                                  method=method, prefix=prefix))
             save()
         return
     if section == "b1":
         for prefix in _ints(args.prefixes):
             b1 = _data_size(mesh)  # one sequence per data shard
-            rows.append(_guarded(lambda: _decode_config(args, params, config, attention, method, prefix, b1, mesh),
+            rows.append(_guarded(lambda: _decode_config(args, model, attention, method, prefix, b1, mesh),
                                  method=method, prefix=prefix, batch=b1))
             save()
         return
     for batch in _batch_sizes(args, _data_size(mesh)):
-        row = _guarded(lambda: _decode_config(args, params, config, attention, method, args.batch_prefix, batch,
-                                              mesh),
+        row = _guarded(lambda: _decode_config(args, model, attention, method, args.batch_prefix, batch, mesh),
                        method=method, prefix=args.batch_prefix, batch=batch)
         rows.append(row)
         save()
@@ -645,7 +653,7 @@ def _host_environment(argv) -> dict:
     import jax  # the version only: no backend is initialised here
 
     return {"device": None, "platform": None, "jax": jax.__version__, "python": platform.python_version(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "command": " ".join(shlex.quote(a) for a in ["benchmarks/e2e.py"] + argv),
             "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
@@ -722,7 +730,8 @@ def print_tables(results) -> None:
                 print(f"  {r['batch']:>5} {r['method']:>8} {r['step_ms']:8.2f} {r['tokens_per_s']:9.1f} "
                       f"{peak:8.1f} {r['floor_over_step']:6.2f} {_ratio(r)}")
             else:
-                print(f"  {r.get('batch', '-'):>5} {r['method']:>8} {'OOM' if r.get('oom') else r.get('error', '')[:80]}")
+                what = "OOM" if r.get("oom") else r.get("error", "")[:80]
+                print(f"  {r.get('batch', '-'):>5} {r['method']:>8} {what}")
     if results["prefill"]:
         print(f"\nprefill (B={_b1(results)}): prefix, method, seconds, tokens/s, chunk, chunk attention")
         for r in results["prefill"]:

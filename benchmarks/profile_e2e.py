@@ -27,32 +27,36 @@ from benchmarks import e2e  # noqa: E402
 from benchmarks.trace import breakdown, profiled  # noqa: E402
 
 
-def profile_config(args, params, config, attention, method, prefix, batch) -> dict:
+def profile_config(args, model, attention, method, prefix, batch) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     from hyquant_jax import SamplingConfig
     from hyquant_jax.generate import decode
+    from models import split_model
 
+    config = model.config
+    model_def, weights = split_model(model)
     max_len = prefix + 2 * args.steps + 8
     states = e2e._states(attention, config, prefix, batch, max_len)
     lengths = jnp.full((batch,), prefix, jnp.int32)
     first = jax.random.randint(jax.random.PRNGKey(1), (batch,), 0, config.vocab_size, jnp.int32)
     key = jax.random.PRNGKey(2)
-    static = dict(config=config, attention=attention, sampling=SamplingConfig(), max_new_tokens=args.steps + 1,
-                  eos_ids=(), pad_id=0, layer_kernels=args.layer_kernels)
+    static = dict(attention=attention, sampling=SamplingConfig(), max_new_tokens=args.steps + 1, eos_ids=(), pad_id=0,
+                  layer_kernels=args.layer_kernels)
     states_shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), states)
-    states, out, _, lengths, _ = decode(params, states, first, lengths, key, **static)
+    states, out, _, lengths, _ = decode(model_def, weights, states, first, lengths, key, **static)
     jax.block_until_ready(out)
     (states, out, _, lengths, n), wall, events = profiled(
-        lambda s=states, last=out[:, -1], n=lengths: jax.block_until_ready(decode(params, s, last, n, key, **static)))
+        lambda s=states, last=out[:, -1], n=lengths: jax.block_until_ready(
+            decode(model_def, weights, s, last, n, key, **static)))
     steps = int(n)
     del states
     if args.dump_events:
         stem = os.path.join(args.out, f"{args.name}_%s_{method}_{prefix}")
         _dump_events(events, stem % "events" + ".json.gz")
-        hlo = decode.lower(params, states_shapes, first, lengths, key, **static).compile().as_text()
+        hlo = decode.lower(model_def, weights, states_shapes, first, lengths, key, **static).compile().as_text()
         with gzip.open(stem % "hlo" + ".txt.gz", "wt") as f:
             f.write(hlo)
     return dict(section="decode", method=method, prefix=prefix, batch=batch, steps=steps,
@@ -60,20 +64,23 @@ def profile_config(args, params, config, attention, method, prefix, batch) -> di
                 **breakdown(events, steps, args.top), lengths=np.asarray(lengths).tolist())
 
 
-def profile_prefill(args, params, config, attention, method, prefix) -> dict:
+def profile_prefill(args, model, attention, method, prefix) -> dict:
     import jax
     import jax.numpy as jnp
 
     from hyquant_jax import SamplingConfig
     from hyquant_jax.generate import prefill
+    from models import split_model
 
+    config = model.config
+    model_def, weights = split_model(model)
     tokens = jax.random.randint(jax.random.PRNGKey(3), (1, prefix), 0, config.vocab_size, jnp.int32)
     lengths = jnp.full((1,), prefix, jnp.int32)
-    static = dict(config=config, attention=attention, sampling=SamplingConfig(), chunk=prefix, max_len=prefix + 8)
-    compiled = prefill.lower(params, tokens, lengths, jax.random.PRNGKey(0), **static).compile()
-    jax.block_until_ready(compiled(params, tokens, lengths, jax.random.PRNGKey(0)))
+    static = dict(attention=attention, sampling=SamplingConfig(), chunk=prefix, max_len=prefix + 8)
+    compiled = prefill.lower(model_def, weights, tokens, lengths, jax.random.PRNGKey(0), **static).compile()
+    jax.block_until_ready(compiled(weights, tokens, lengths, jax.random.PRNGKey(0)))
     _, wall, events = profiled(
-        lambda: jax.block_until_ready(compiled(params, tokens, lengths, jax.random.PRNGKey(1))))
+        lambda: jax.block_until_ready(compiled(weights, tokens, lengths, jax.random.PRNGKey(1))))
     return dict(section="prefill", method=method, prefix=prefix, batch=1, steps=1, wall_ms_per_step=1e3 * wall,
                 **breakdown(events, 1, args.top))
 
@@ -112,20 +119,21 @@ def main():
     p.add_argument("--dump-events", action="store_true",
                    help="also write each decode config's GPU events in order (name, stream, start, duration in us) "
                         "to OUT/NAME_events_METHOD_PREFIX.json.gz, to see which launches idle gaps sit between, "
-                        "and the compiled decode loop's HLO (kernel names = fusion names) to OUT/NAME_hlo_METHOD_PREFIX.txt.gz")
+                        "and the compiled decode loop's HLO (kernel names = fusion names) to "
+                        "OUT/NAME_hlo_METHOD_PREFIX.txt.gz")
     p.add_argument("--layer-kernels", default="auto", choices=("auto", "xla"), help="as in e2e.py")
     args = p.parse_args()
     import jax
     import jax.numpy as jnp
 
-    from models import init_params
+    from models import init_model
 
     e2e_args = e2e.parse_args(["--model", args.model, "--sections", "b1", "--prefill-backend", args.prefill_backend,
                                "--prefill-block", str(args.prefill_block)]
                               + (["--layers", str(args.layers)] if args.layers else [])
                               + (["--smoke"] if args.smoke else []))
     config = e2e._model(e2e_args)
-    params = init_params(jax.random.PRNGKey(0), config, jnp.bfloat16)
+    model = init_model(jax.random.PRNGKey(0), config, jnp.bfloat16)
     results = {"environment": {"jax": jax.__version__, "device": jax.devices()[0].device_kind,
                                "command": " ".join(sys.argv)}, "model": args.model,
                "layer_kernels": args.layer_kernels, "configs": []}
@@ -134,7 +142,7 @@ def main():
         attention = _attention(e2e_args, method)
         if "prefill" in sections:
             for prefix in e2e._ints(args.prefixes):
-                row = profile_prefill(args, params, config, attention, method, prefix)
+                row = profile_prefill(args, model, attention, method, prefix)
                 results["configs"].append(row)
                 print(f"== prefill {method} {prefix}: wall {row['wall_ms_per_step']:.2f} ms, kernels "
                       f"{row['kernel_us_per_step'] / 1e3:.2f} ms ({row['kernels_per_step']:.0f} launches)", flush=True)
@@ -145,7 +153,7 @@ def main():
                     print(f"   {k['idle_us_per_step']:8.1f} us  x{k['gaps_per_step']:5.1f}  {k['name'][:90]}")
         for batch in (e2e._ints(args.batches) if "decode" in sections else []):
             for prefix in e2e._ints(args.prefixes):
-                row = profile_config(args, params, config, attention, method, prefix, batch)
+                row = profile_config(args, model, attention, method, prefix, batch)
                 results["configs"].append(row)
                 print(f"== {method} B{batch} {prefix}: wall {row['wall_ms_per_step']:.2f} ms/step, kernels "
                       f"{row['kernel_us_per_step'] / 1e3:.2f} ms ({row['kernels_per_step']:.0f} launches), "

@@ -13,6 +13,7 @@ from hyquant_jax.cache import (
     freeze,
 )
 from hyquant_jax.config import HyQuantConfig, num_vl_tokens
+from hyquant_jax.flax_layer import HyQuantAttention, PromptCache
 from hyquant_jax.generate import GenerateResult, generate, kv_cache_bytes
 from hyquant_jax.model_attention import (
     ATTENTION_KINDS,
@@ -48,9 +49,11 @@ __all__ = [
     "Generation",
     "Model",
     "GenerateResult",
+    "HyQuantAttention",
     "HyQuantConfig",
     "HybridAttention",
     "HybridKVCache",
+    "PromptCache",
     "QuantizedCacheAttention",
     "SamplingConfig",
     "accumulate_ring_scores",

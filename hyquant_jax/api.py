@@ -8,7 +8,7 @@
 
 Prompts are strings, wrapped in the checkpoint's chat template unless `chat=False`; the result holds the texts,
 the token ids and per-sequence and per-call numbers. The lower-level pieces stay available: `model.config`,
-`model.params`, `model.tokenizer`, `hq.generate` on token ids, `hq.make_attention`.
+`model.decoder` (the Flax module), `model.tokenizer`, `hq.generate` on token ids, `hq.make_attention`.
 """
 
 from __future__ import annotations
@@ -85,12 +85,16 @@ class Generation:
 
 @dataclasses.dataclass(frozen=True)
 class Model:
-    """A loaded checkpoint: config (`models.ModelConfig`), params (the weights), tokenizer, name."""
+    """A loaded checkpoint: decoder (the `models.Decoder` Flax module, which holds the weights), tokenizer and
+    name; config is the decoder's `models.ModelConfig`."""
 
-    config: Any
-    params: Any
+    decoder: Any
     tokenizer: Any
     name: str
+
+    @property
+    def config(self):
+        return self.decoder.config
 
     def prompt_ids(self, prompts: str | list[str], chat: bool = True) -> list[list[int]]:
         """Token ids of each prompt, through the chat template when `chat` and the checkpoint has one."""
@@ -137,13 +141,13 @@ class Model:
         eos = self.tokenizer.eos_ids or self.config.eos_token_ids
         on_tokens = None
         if on_text is not None:
-            decoder = _TextDeltas(self.tokenizer, len(ids))
-            on_tokens = lambda new: on_text(decoder.add(new))  # noqa: E731
-        res = generate(self.params, self.config, ids, attention=impl, max_new_tokens=max_new_tokens,
+            deltas = _TextDeltas(self.tokenizer, len(ids))
+            on_tokens = lambda new: on_text(deltas.add(new))  # noqa: E731
+        res = generate(self.decoder, ids, attention=impl, max_new_tokens=max_new_tokens,
                        sampling=sampling or SamplingConfig(), eos_ids=eos, pad_id=self.tokenizer.pad_id or 0,
                        seed=seed, prefill_chunk=prefill_chunk, keep_states=True, mesh=mesh, on_tokens=on_tokens)
         if on_text is not None:
-            rest = decoder.finish()
+            rest = deltas.finish()
             if any(rest):
                 on_text(rest)
         kv = kv_cache_bytes(impl, res.states, res.cache_lengths)
@@ -212,6 +216,6 @@ def load(model: str | Path | None = None, *, dtype: str = "auto", progress: bool
         raise ValueError(f"model must be None, a path string or a pathlib.Path, got {type(model).__name__}")
     dt = compute_dtype(dtype)
     path = default_model_path() if model is None else Path(model)
-    config, params, tokenizer = load_model(path, dt, progress=progress)
+    decoder, tokenizer = load_model(path, dt, progress=progress)
     name = f"{path.name} (default)" if model is None else path.name
-    return Model(config=config, params=params, tokenizer=tokenizer, name=name)
+    return Model(decoder=decoder, tokenizer=tokenizer, name=name)

@@ -1,6 +1,6 @@
 """Accuracy-evaluation helpers on a real model: shared prefills, teacher forcing, captured states.
 
-Everything here drives `models.forward` with the model-facing attention
+Everything here drives a `models.Decoder` with the model-facing attention
 implementations (`BF16Attention`, `HybridAttention`, `QuantizedCacheAttention`,
 `VerticalSparseAttention`) so that an evaluation measures exactly the code
 that generates text. It adds what an accuracy benchmark needs on top:
@@ -15,6 +15,9 @@ that generates text. It adds what an accuracy benchmark needs on top:
 * `teacher_forced_nll`: a jitted `lax.scan` that feeds given tokens one at a
   time through a method's decode path and returns the next-token NLL.
 * `capture_qkv`: per-layer q, k, v (after RoPE) of an exact forward pass.
+
+The jitted functions take the model as `models.split_model(model)`: a static
+`ModelDef` and a dict of weights (split once, call many times).
 * `decode_operator`: a method's decode attention (Freeze + append + attend)
   on captured states, with the layers as the batch, against exact float32
   attention (`decode_operator_reference`).
@@ -43,8 +46,7 @@ from hyquant_jax.reference import check_prefill_shapes, exact_attention, prefill
 from hyquant_jax.sparse_attention import VerticalSparseAttention, sparse_prefill_attention
 from hyquant_jax.vti import tail_queries, tail_query_count, vertical_token_identification
 from models.attention import BF16Attention, DecodeContext, KVBuffer, PrefillContext, cache_slots, grouped_attention
-from models.config import ModelConfig
-from models.transformer import Params, forward
+from models.transformer import ModelDef
 
 FLAVORS = ("exact", "hybrid", "sparse")
 
@@ -213,17 +215,16 @@ def prefill_flavor(attention, cache_dtype=None, backend: str = "reference", exac
     raise ValueError(f"no prefill flavor for attention {type(attention).__name__}")
 
 
-@partial(jax.jit, static_argnames=("config", "prefill"))
-def run_prefill(params: Params, tokens: jax.Array, lengths: jax.Array, *, config: ModelConfig,
-                prefill: SharedPrefill):
+@partial(jax.jit, static_argnames=("model_def", "prefill"))
+def run_prefill(model_def: ModelDef, weights, tokens: jax.Array, lengths: jax.Array, *, prefill: SharedPrefill):
     """Whole-prompt prefill: tokens int32 [B, T] right-padded, lengths int32 [B].
 
     Returns (logits float32 [B, V] at each prompt's last token, tuple of one `PromptKV` per layer).
     """
+    model = model_def.merge(weights)
     b, t = tokens.shape
     ctx = PrefillContext(jnp.int32(0), lengths, t, whole=True)
-    return forward(params, tokens, ctx, (None,) * config.num_layers, config=config, attention=prefill,
-                   output_index=lengths - 1)
+    return model(tokens, ctx, (None,) * model.config.num_layers, attention=prefill, output_index=lengths - 1)
 
 
 def decode_state(attention, kv: PromptKV, lengths: jax.Array, max_len: int):
@@ -253,15 +254,16 @@ def decode_states(attention, kvs: tuple, lengths, max_len: int) -> tuple:
     return tuple(decode_state(attention, kv, lengths, max_len) for kv in kvs)
 
 
-@partial(jax.jit, static_argnames=("config", "attention"), donate_argnames=("states",))
-def teacher_forced_nll(params: Params, states: tuple, tokens: jax.Array, positions: jax.Array, *,
-                       config: ModelConfig, attention):
+@partial(jax.jit, static_argnames=("model_def", "attention"), donate_argnames=("states",))
+def teacher_forced_nll(model_def: ModelDef, weights, states: tuple, tokens: jax.Array, positions: jax.Array, *,
+                       attention):
     """Feed tokens[:, i] through the decode path and score tokens[:, i + 1].
 
     tokens: int32 [B, N + 1]; positions: int32 [B] position of tokens[:, 0]
     (= tokens already cached). Returns (nll float32 [B, N] of tokens[:, 1:],
     argmax int32 [B, N] the model's top-1 prediction at each step, final states).
     """
+    model = model_def.merge(weights)
     b, n1 = tokens.shape
     active = jnp.ones((b,), bool)
 
@@ -269,7 +271,7 @@ def teacher_forced_nll(params: Params, states: tuple, tokens: jax.Array, positio
         ctx = DecodeContext(positions + i, active)
         tok = jax.lax.dynamic_slice_in_dim(tokens, i, 1, axis=1)
         target = jax.lax.dynamic_slice_in_dim(tokens, i + 1, 1, axis=1)[:, 0]
-        logits, states = forward(params, tok, ctx, states, config=config, attention=attention)
+        logits, states = model(tok, ctx, states, attention=attention)
         logp = jax.nn.log_softmax(logits[:, 0], axis=-1)
         nll = -jnp.take_along_axis(logp, target[:, None], axis=1)[:, 0]
         return states, (nll, jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32))
@@ -303,16 +305,17 @@ class CaptureAttention:
         raise ValueError("CaptureAttention only prefills")
 
 
-@partial(jax.jit, static_argnames=("config",))
-def capture_qkv(params: Params, tokens: jax.Array, *, config: ModelConfig):
+@partial(jax.jit, static_argnames=("model_def",))
+def capture_qkv(model_def: ModelDef, weights, tokens: jax.Array):
     """Per-layer q [B, Hq, T, D], k, v [B, Hkv, T, D] (float32, after RoPE) of an exact forward pass.
 
     tokens: int32 [B, T] (no padding). Returns a tuple of L (q, k, v) triples.
     """
+    model = model_def.merge(weights)
     b, t = tokens.shape
     ctx = PrefillContext(jnp.int32(0), jnp.full((b,), t, jnp.int32), t, whole=True)
-    _, states = forward(params, tokens, ctx, (None,) * config.num_layers, config=config,
-                        attention=CaptureAttention(), output_index=jnp.full((b,), t - 1, jnp.int32))
+    _, states = model(tokens, ctx, (None,) * model.config.num_layers, attention=CaptureAttention(),
+                      output_index=jnp.full((b,), t - 1, jnp.int32))
     return states
 
 

@@ -1,8 +1,10 @@
 """Jitted text generation: chunked prefill, Freeze, `lax.while_loop` decode over donated caches.
 
-`generate` wires a model (`models.forward`), an attention implementation
+`generate` wires a model (a `models.Decoder`), an attention implementation
 (bf16, HyQuant, or a quantized baseline; see `hyquant_jax.model_attention`)
-and its per-layer states:
+and its per-layer states. The jitted functions take the model as
+`models.split_model(model)`: a static `ModelDef` and a dict of weights,
+merged back into the module at trace time (split once, call many times):
 
 1. `prefill` (one jit): the padded prompts run through the model in chunks of
    `prefill_chunk` tokens (one call when the prompt fits, else a `fori_loop`
@@ -28,8 +30,9 @@ import functools
 import math
 import os
 import time
+from collections.abc import Sequence
 from functools import partial
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -38,7 +41,7 @@ import numpy as np
 from hyquant_jax.sampling import SamplingConfig, sample
 from models.attention import DecodeContext, PrefillContext, begin_decode_step, steps_until_begin
 from models.config import ModelConfig
-from models.transformer import Params, check_params, forward
+from models.transformer import Decoder, ModelDef, check_model, split_model
 
 
 @dataclasses.dataclass
@@ -142,19 +145,22 @@ def prefill_compiler_options(xla_flags: str) -> dict[str, str]:
 
 
 @_jit_with_options(prefill_compiler_options(os.environ.get("XLA_FLAGS", "")),
-                   static_argnames=("config", "attention", "sampling", "chunk", "max_len", "min_length"))
-def prefill(params: Params, tokens: jax.Array, lengths: jax.Array, key: jax.Array, *, config: ModelConfig,
-            attention, sampling: SamplingConfig, chunk: int, max_len: int, min_length: int = 0):
+                   static_argnames=("model_def", "attention", "sampling", "chunk", "max_len", "min_length"))
+def prefill(model_def: ModelDef, weights, tokens: jax.Array, lengths: jax.Array, key: jax.Array, *, attention,
+            sampling: SamplingConfig, chunk: int, max_len: int, min_length: int = 0):
     """Prompts -> (first sampled token int32 [B], logits float32 [B, V], decode states).
 
+    model_def, weights: the model, `models.split_model(model)`.
     tokens: int32 [B, T] right-padded (T <= chunk, or a multiple of chunk);
     lengths: int32 [B] in [1, T]; max_len: capacity of the decode states;
     min_length: a lower bound of `lengths` that the caller checked (`PrefillContext.min_length`).
     """
+    model = model_def.merge(weights)
+    config = model.config
     b, t = tokens.shape
     whole = t <= chunk
-    states = _layer_states(attention, config, b, t, max_len, params.dtype, whole)
-    run = partial(forward, params, config=config, attention=attention)
+    states = _layer_states(attention, config, b, t, max_len, model.dtype, whole)
+    run = partial(model, attention=attention)
     if whole:
         ctx = PrefillContext(jnp.int32(0), lengths, max_len, whole=True, min_length=min_length)
         logits, states = run(tokens, ctx, states, output_index=lengths - 1)
@@ -190,14 +196,15 @@ def decode_compiler_options(xla_flags: str, device_loops: bool = False) -> dict[
     XLA's default (LHS) chains the graph's kernels in program order; CONCURRENT lets independent kernels
     (e.g. the hybrid decode's two attention launches, or a layer's norm and cache writes next to its
     products) overlap. Same call on the H200, B=1 Qwen3-8B shape, ms per step at 1K / 32K: bf16 4.84 / 6.25 ->
-    4.58 / 6.00; hyquant with a branch-free step 5.31 / 6.21 -> 5.21 / 6.04 (with a `lax.cond` in every step it was 5.37 / 6.19,
-    hence `steps_until_begin`).
+    4.58 / 6.00; hyquant with a branch-free step 5.31 / 6.21 -> 5.21 / 6.04 (with a `lax.cond` in every step
+    it was 5.37 / 6.19, hence `steps_until_begin`).
 
     device_loops: a while loop whose trip count XLA cannot know (it stops on data) otherwise runs from the
     host: each step the host reads the condition back, waits for the GPU to drain, then launches the next
     body graph. With WHILE the loops become device-side loops inside one CUDA graph (nothing per step on the
     host). See `uses_device_loops` for when `decode` takes them, and docs/design.md ("Device loops and
-    command buffers") for the measurements. A setting of the same option in `xla_flags` (XLA_FLAGS, read at import) wins.
+    command buffers") for the measurements. A setting of the same option in `xla_flags` (XLA_FLAGS, read at
+    import) wins.
     """
     options = {}
     if "xla_gpu_command_buffer_scheduling_mode" not in xla_flags:
@@ -217,7 +224,7 @@ def uses_device_loops(attention, eos_ids: tuple[int, ...]) -> bool:
     return bool(eos_ids) or getattr(inner, "steps_until_begin", None) is not None
 
 
-DECODE_JIT = dict(static_argnames=("config", "attention", "sampling", "max_new_tokens", "eos_ids", "pad_id",
+DECODE_JIT = dict(static_argnames=("model_def", "attention", "sampling", "max_new_tokens", "eos_ids", "pad_id",
                                    "layer_kernels"), donate_argnames=("states",))
 
 
@@ -242,9 +249,9 @@ class _DecodeJit:
 
 
 @functools.partial(_DecodeJit, xla_flags=os.environ.get("XLA_FLAGS", ""))
-def decode(params: Params, states: tuple, first: jax.Array, lengths: jax.Array, key: jax.Array, *,
-           config: ModelConfig, attention, sampling: SamplingConfig, max_new_tokens: int,
-           eos_ids: tuple[int, ...], pad_id: int, layer_kernels: str | None = None):
+def decode(model_def: ModelDef, weights, states: tuple, first: jax.Array, lengths: jax.Array, key: jax.Array, *,
+           attention, sampling: SamplingConfig, max_new_tokens: int, eos_ids: tuple[int, ...], pad_id: int,
+           layer_kernels: str | None = None):
     """Decode loop (`lax.while_loop`, the per-layer states donated and updated in place).
 
     An attention with once-per-step work (`begin_decode_step`: the hybrid cache's ring-flush branch) that
@@ -253,6 +260,7 @@ def decode(params: Params, states: tuple, first: jax.Array, lengths: jax.Array, 
     XLA's default scheduling the branch costs little; under CONCURRENT, see `decode_compiler_options`, a
     branch in every step made the B=1 1K step 0.16 ms slower on the H200.)
 
+    model_def, weights: the model, `models.split_model(model)`.
     first: int32 [B] the token sampled after the prompt (generated token 0);
     lengths: int32 [B] tokens already cached (prompt lengths).
     layer_kernels: how each step's norms and RoPE run (`models.transformer.layer_kernels`; None: the
@@ -266,6 +274,7 @@ def decode(params: Params, states: tuple, first: jax.Array, lengths: jax.Array, 
     next one's buffer, and so on, so every such counter moved on every call; on the GPU each moved buffer
     makes XLA re-record the commands of the loop's CUDA graph that use it before the call runs.
     """
+    model = model_def.merge(weights)
     b = first.shape[0]
     out = jnp.full((b, max_new_tokens), pad_id, jnp.int32).at[:, 0].set(first)
     active = ~_is_eos(first, eos_ids)
@@ -278,8 +287,7 @@ def decode(params: Params, states: tuple, first: jax.Array, lengths: jax.Array, 
     def advance(c, states, ctx):
         """One decode step on states the step's `begin_decode_step` work (if any) was done on."""
         step, out, last, positions, active, count, _ = c
-        logits, states = forward(params, last[:, None], ctx, states, config=config, attention=attention,
-                                 kernels=layer_kernels)
+        logits, states = model(last[:, None], ctx, states, attention=attention, kernels=layer_kernels)
         token = sample(logits[:, 0], key, sampling, positions=positions + 1)
         token = jnp.where(active, token, pad_id)
         out = jax.lax.dynamic_update_slice_in_dim(out, token[:, None], step, axis=1)
@@ -311,12 +319,12 @@ def decode(params: Params, states: tuple, first: jax.Array, lengths: jax.Array, 
 _decode_loop = decode.__wrapped__  # the traced function, for the other jits of it below
 
 
-def _decode_in_place(params: Params, states: tuple, first: jax.Array, lengths: jax.Array, key: jax.Array,
-                     previous: tuple, **static):
+def _decode_in_place(model_def: ModelDef, weights, states: tuple, first: jax.Array, lengths: jax.Array,
+                     key: jax.Array, previous: tuple, **static):
     """`decode` for callers that call it again and again (a server decoding in chunks, the benchmarks): every
     output takes the buffer of a donated input, so chained calls keep every buffer in place.
 
-        states, tokens, counts, lengths, steps = decode_in_place(params, states, first, lengths, key,
+        states, tokens, counts, lengths, steps = decode_in_place(model_def, weights, states, first, lengths, key,
                                                                  (tokens, steps), **static)
         first = last_tokens(tokens, counts)
 
@@ -338,7 +346,7 @@ def _decode_in_place(params: Params, states: tuple, first: jax.Array, lengths: j
         raise ValueError(f"previous must be (tokens int32 {list(want[0])}, steps int32 []) of the previous call "
                          f"(zeros before a first call), got ({tokens.dtype} {list(tokens.shape)}, "
                          f"{steps.dtype} {list(steps.shape)})")
-    return _decode_loop(params, states, first, lengths, key, **static)
+    return _decode_loop(model_def, weights, states, first, lengths, key, **static)
 
 
 decode_in_place = _DecodeJit(
@@ -386,14 +394,14 @@ def shortest_prompt_bound(lengths: np.ndarray) -> int:
     return 1 << (shortest.bit_length() - 1) if shortest > 0 else 0
 
 
-def generate(params: Params, config: ModelConfig, prompts: Sequence[Sequence[int]], *, attention,
+def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, attention,
              max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(), eos_ids: Sequence[int] | None = None,
              pad_id: int = 0, seed: int = 0, prefill_chunk: int = 2048, bucket: int = 64,
              max_len: int | None = None, keep_states: bool = False, mesh=None, on_tokens=None,
              stream_chunk: int = 16) -> GenerateResult:
     """Generate continuations of a ragged batch of token-id prompts.
 
-    params, config: the model (`models.load_model` or `models.init_params`).
+    model: a `models.Decoder` (`models.load_model` or `models.init_model`); its config is `model.config`.
     prompts: B lists of token ids (lengths may differ; padding never leaks:
       a sequence's greedy tokens equal those of the prompt run alone).
     attention: a `models.attention.Attention` implementation, e.g.
@@ -424,7 +432,8 @@ def generate(params: Params, config: ModelConfig, prompts: Sequence[Sequence[int
     if missing:
         raise ValueError(f"attention must be an attention implementation (e.g. models.BF16Attention() or "
                          f"hyquant_jax.make_attention('hyquant')), got {attention!r} without {missing}")
-    check_params(params, config)
+    check_model(model)
+    config = model.config
     if not isinstance(pad_id, (int, np.integer)) or not 0 <= pad_id < config.vocab_size:
         raise ValueError(f"pad_id must be a token id in [0, {config.vocab_size}), got {pad_id!r}")
     eos = tuple(int(e) for e in (config.eos_token_ids if eos_ids is None else eos_ids))
@@ -439,31 +448,32 @@ def generate(params: Params, config: ModelConfig, prompts: Sequence[Sequence[int
     if mesh is not None:
         from hyquant_jax import sharding
 
-        params, attention = sharding.prepare(params, config, attention, mesh, batch=len(prompts))
+        model, attention = sharding.prepare(model, attention, mesh, batch=len(prompts))
         put, host = partial(sharding.put_batch, mesh=mesh), sharding.to_host
         key = sharding.put_replicated(key, mesh)
-    static = dict(config=config, attention=attention, sampling=sampling)
+    model_def, weights = split_model(model)
+    static = dict(attention=attention, sampling=sampling)
     tokens_j, lengths_j = put(tokens), put(lengths)
 
     t0 = time.perf_counter()
-    prefill_fn = prefill.lower(params, tokens_j, lengths_j, key, chunk=prefill_chunk, max_len=cap,
+    prefill_fn = prefill.lower(model_def, weights, tokens_j, lengths_j, key, chunk=prefill_chunk, max_len=cap,
                                min_length=shortest_prompt_bound(lengths), **static).compile()
     compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    first, _, states = prefill_fn(params, tokens_j, lengths_j, key)
+    first, _, states = prefill_fn(weights, tokens_j, lengths_j, key)
     first.block_until_ready()
     prefill_s = time.perf_counter() - t0
 
     dec = dict(max_new_tokens=stream_chunk if on_tokens else max_new_tokens, eos_ids=eos, pad_id=pad_id, **static)
     t0 = time.perf_counter()
-    decode_fn = decode.lower(params, states, first, lengths_j, key, **dec).compile()
+    decode_fn = decode.lower(model_def, weights, states, first, lengths_j, key, **dec).compile()
     compile_s += time.perf_counter() - t0
     t0 = time.perf_counter()
     if on_tokens is None:
-        states, out, count, positions, steps = decode_fn(params, states, first, lengths_j, key)
+        states, out, count, positions, steps = decode_fn(weights, states, first, lengths_j, key)
         out, count, positions, steps = host(out), host(count), host(positions), int(steps)
     else:
-        states, out, count, positions, steps = _streamed(decode_fn, params, states, first, lengths_j, key,
+        states, out, count, positions, steps = _streamed(decode_fn, weights, states, first, lengths_j, key,
                                                          max_new_tokens, pad_id, eos, on_tokens, put, host)
     decode_s = time.perf_counter() - t0
     return GenerateResult(tokens=out, lengths=count, cache_lengths=positions,
@@ -472,7 +482,7 @@ def generate(params: Params, config: ModelConfig, prompts: Sequence[Sequence[int
                           states=states if keep_states else None)
 
 
-def _streamed(decode_fn, params, states, first, lengths, key, max_new_tokens: int, pad_id: int, eos_ids: tuple,
+def _streamed(decode_fn, weights, states, first, lengths, key, max_new_tokens: int, pad_id: int, eos_ids: tuple,
               on_tokens, put, host):
     """`generate`'s decode as calls of one compiled `decode` loop of stream_chunk steps, each continuing from
     the states, last tokens and cache lengths of the one before; on_tokens gets each call's new tokens.
@@ -482,7 +492,7 @@ def _streamed(decode_fn, params, states, first, lengths, key, max_new_tokens: in
     count = np.zeros(b, np.int32)
     steps, done = 0, np.zeros(b, bool)
     while not done.all():
-        states, chunk, n, lengths, taken = decode_fn(params, states, first, lengths, key)
+        states, chunk, n, lengths, taken = decode_fn(weights, states, first, lengths, key)
         chunk, n = host(chunk), host(n)
         skip = 0 if steps == 0 else 1  # a call's first token is the last one of the call before
         steps += int(taken)

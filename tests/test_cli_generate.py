@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import pytest
 
 from hyquant_jax import cli
-from models import ModelConfig, init_params
+from models import ModelConfig, init_model
 from tests.helpers.checkpoint_files import train_tokenizer, write_gguf
 
 
@@ -19,7 +19,7 @@ def tiny_gguf(tmp_path_factory):
     config = ModelConfig("llama", vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128,
                          num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, max_position=4096)
     path = tmp_path_factory.mktemp("ckpt") / "tiny.gguf"
-    write_gguf(path, init_params(jax.random.PRNGKey(0), config, jnp.float32), config, tokenizer=tok)
+    write_gguf(path, init_model(jax.random.PRNGKey(0), config, jnp.float32), tokenizer=tok)
     return path, config
 
 
@@ -80,7 +80,7 @@ def test_generate_on_a_tiny_qwen3_gguf(tmp_path, capsys):
     config = ModelConfig("qwen3", vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128,
                          num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, max_position=4096, qk_norm=True)
     path = tmp_path / "tiny-qwen3.gguf"
-    write_gguf(path, init_params(jax.random.PRNGKey(1), config, jnp.float32), config, arch="qwen3", tokenizer=tok,
+    write_gguf(path, init_model(jax.random.PRNGKey(1), config, jnp.float32), arch="qwen3", tokenizer=tok,
                pre="qwen2")
     rc = cli.main(["generate", "-m", str(path), "-p", "Hello world! The quick brown fox", "-n", "4", "--window", "16",
                    "--block-size", "16", "--prefill-block", "16", "--compare-bf16"])
@@ -205,7 +205,7 @@ def test_generate_streams_and_writes_one_json_record_to_stdout(tiny_gguf, capsys
 def test_generate_unsupported_architecture(tiny_gguf, tmp_path, capsys):
     _, config = tiny_gguf
     bad = tmp_path / "gemma.gguf"
-    write_gguf(bad, init_params(jax.random.PRNGKey(0), config, jnp.float32), config, arch="gemma")
+    write_gguf(bad, init_model(jax.random.PRNGKey(0), config, jnp.float32), arch="gemma")
     assert cli.main(["generate", "--model", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "gemma.gguf" in err and "general.architecture='gemma' is not supported" in err

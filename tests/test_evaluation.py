@@ -39,7 +39,7 @@ from hyquant_jax.sparse_attention import (
     vertical_sparse_prefill_reference,
 )
 from hyquant_jax.vti import tail_queries, tail_query_count, vertical_token_identification
-from models import BF16Attention, ModelConfig, PrefillContext, forward, init_params
+from models import BF16Attention, ModelConfig, PrefillContext, init_model, split_model
 
 SMALL = HyQuantConfig(window=32, block_size=16, prefill_block=16, rho=0.1)
 CONFIG = ModelConfig("llama", vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
@@ -158,30 +158,30 @@ def test_shared_prefill_rejects_bad_flavors():
 
 
 @pytest.fixture(scope="module")
-def params():
-    return init_params(jax.random.PRNGKey(0), CONFIG, jnp.float32)
+def model():
+    return init_model(jax.random.PRNGKey(0), CONFIG, jnp.float32)
 
 
 def _tokens(seed, b, t):
     return jnp.asarray(np.random.default_rng(seed).integers(0, CONFIG.vocab_size, (b, t)), jnp.int32)
 
 
-def _own_prefill(params, tokens, lengths, attention, max_len):
+def _own_prefill(model, tokens, lengths, attention, max_len):
     states = tuple(attention.prefill_state(CONFIG, tokens.shape[0], tokens.shape[1], max_len, jnp.float32, True)
                    for _ in range(CONFIG.num_layers))
     ctx = PrefillContext(jnp.int32(0), lengths, max_len, whole=True)
-    return forward(params, tokens, ctx, states, config=CONFIG, attention=attention, output_index=lengths - 1)
+    return model(tokens, ctx, states, attention=attention, output_index=lengths - 1)
 
 
 @pytest.mark.parametrize("kind", ["bf16", "hyquant", "kivi4", "uniform4", "sparse"])
-def test_shared_prefill_builds_the_methods_own_decode_state(params, kind):
+def test_shared_prefill_builds_the_methods_own_decode_state(model, kind):
     attention = (VerticalSparseAttention(SMALL) if kind == "sparse"
                  else make_attention(kind, SMALL, backend="reference"))
     tokens = _tokens(3, 2, 96)
     lengths = jnp.array([96, 71], jnp.int32)
     max_len = 128
-    want_logits, want = _own_prefill(params, tokens, lengths, attention, max_len)
-    logits, kvs = run_prefill(params, tokens, lengths, config=CONFIG, prefill=prefill_flavor(attention))
+    want_logits, want = _own_prefill(model, tokens, lengths, attention, max_len)
+    logits, kvs = run_prefill(*split_model(model), tokens, lengths, prefill=prefill_flavor(attention))
     got = decode_states(attention, kvs, lengths, max_len)
     np.testing.assert_allclose(np.asarray(logits), np.asarray(want_logits), atol=2e-4, rtol=2e-4)
     for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
@@ -193,7 +193,7 @@ def test_shared_prefill_builds_the_methods_own_decode_state(params, kind):
             np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=2e-3, rtol=2e-2)
 
 
-def test_exact_flavor_with_config_is_hyquants_chunked_prefill(params):
+def test_exact_flavor_with_config_is_hyquants_chunked_prefill(model):
     """SharedPrefill("exact", config) gives HybridAttention the state its chunked (exact) prefill builds."""
     from hyquant_jax.generate import prefill
     from hyquant_jax.sampling import SamplingConfig
@@ -201,11 +201,12 @@ def test_exact_flavor_with_config_is_hyquants_chunked_prefill(params):
     attention = make_attention("hyquant", SMALL, backend="reference")
     tokens = _tokens(7, 2, 96)
     lengths = jnp.array([96, 80], jnp.int32)
-    _, _, want = prefill(params, tokens, lengths, jax.random.PRNGKey(0), config=CONFIG, attention=attention,
+    model_def, weights = split_model(model)
+    _, _, want = prefill(model_def, weights, tokens, lengths, jax.random.PRNGKey(0), attention=attention,
                          sampling=SamplingConfig(), chunk=32, max_len=128)
     flavor = prefill_flavor(attention, exact=True)
     assert flavor.flavor == "exact" and flavor.config is not None
-    _, kvs = run_prefill(params, tokens, lengths, config=CONFIG, prefill=flavor)
+    _, kvs = run_prefill(model_def, weights, tokens, lengths, prefill=flavor)
     got = decode_states(attention, kvs, lengths, 128)
     for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
         if jnp.issubdtype(a.dtype, jnp.integer):
@@ -227,19 +228,20 @@ LOSSLESS = HyQuantConfig(key_bits=16, value_bits=16, prefill_qk="bf16", window=3
 
 
 @pytest.mark.parametrize("kind", ["bf16", "hyquant"])
-def test_teacher_forced_nll_matches_a_full_forward(params, kind):
+def test_teacher_forced_nll_matches_a_full_forward(model, kind):
     """bf16, and HyQuant with nothing quantized, score exactly what one forward over all tokens scores."""
     attention = make_attention(kind, LOSSLESS, backend="reference", cache_dtype=jnp.float32)
     tokens = _tokens(4, 2, 80)
     p = 48
     lengths = jnp.full((2,), p, jnp.int32)
-    _, kvs = run_prefill(params, tokens[:, :p], lengths, config=CONFIG, prefill=prefill_flavor(attention))
+    model_def, weights = split_model(model)
+    _, kvs = run_prefill(model_def, weights, tokens[:, :p], lengths, prefill=prefill_flavor(attention))
     states = decode_states(attention, kvs, lengths, 80)
-    nll, top1, _ = teacher_forced_nll(params, states, tokens[:, p:], lengths, config=CONFIG, attention=attention)
+    nll, top1, _ = teacher_forced_nll(model_def, weights, states, tokens[:, p:], lengths, attention=attention)
     assert nll.shape == (2, 80 - p - 1) and top1.shape == nll.shape
     ctx = PrefillContext(jnp.int32(0), jnp.full((2,), 80, jnp.int32), 80, whole=True)
     states0 = tuple(BF16Attention().prefill_state(CONFIG, 2, 80, 80, jnp.float32, True) for _ in range(2))
-    logits, _ = forward(params, tokens, ctx, states0, config=CONFIG, attention=BF16Attention())
+    logits, _ = model(tokens, ctx, states0, attention=BF16Attention())
     logp = jax.nn.log_softmax(logits[:, p:-1], axis=-1)
     want = -np.take_along_axis(np.asarray(logp), np.asarray(tokens[:, p + 1:])[..., None], axis=-1)[..., 0]
     np.testing.assert_allclose(np.asarray(nll), want, atol=1e-4, rtol=1e-4)
@@ -280,21 +282,21 @@ def test_retrieval_batches_do_not_change_outputs():
     class Tok:
         eos_ids, pad_id = (), 0
 
-    params = init_params(jax.random.PRNGKey(4), CONFIG, jnp.float32)
+    model = init_model(jax.random.PRNGKey(4), CONFIG, jnp.float32)
     rng = np.random.default_rng(0)
     samples = [Sample("needle", 48, 0.0, i, rng.integers(1, 96, n).tolist(), ["x"], 5)
                for i, n in enumerate([48, 31, 40, 17, 48])]
     methods = ("bf16", "uniform4")
-    one = generate_batches(params, CONFIG, Tok(), samples, methods, jnp.bfloat16, batch=1, desc="b1")
+    one = generate_batches(model, Tok(), samples, methods, jnp.bfloat16, batch=1, desc="b1")
     seen = []
-    four = generate_batches(params, CONFIG, Tok(), samples, methods, jnp.bfloat16, batch=4, desc="b4",
+    four = generate_batches(model, Tok(), samples, methods, jnp.bfloat16, batch=4, desc="b4",
                             on_batch=lambda out: seen.append({m: list(rows) for m, rows in out.items()}))
     assert one == four
     # bf16 and uniform4 share EXACT_PREFILL's exact prefill (which also picks a VL set): same outputs
     from benchmarks.accuracy import EXACT_PREFILL, flavor_groups
 
     assert len(flavor_groups(methods + (EXACT_PREFILL,), jnp.bfloat16)) == 1
-    shared = generate_batches(params, CONFIG, Tok(), samples, methods + (EXACT_PREFILL,), jnp.bfloat16, batch=4,
+    shared = generate_batches(model, Tok(), samples, methods + (EXACT_PREFILL,), jnp.bfloat16, batch=4,
                               desc="shared")
     assert {m: shared[m] for m in methods} == one
     # after each batch: the samples done so far, in the given order, None for the rest

@@ -11,11 +11,19 @@ import pytest
 
 from hyquant_jax import HyQuantConfig
 from hyquant_jax.cache import capacities
-from hyquant_jax.generate import (decode, decode_in_place, generate, kv_cache_bytes, last_tokens, pad_prompts, prefill,
-                                  shortest_prompt_bound)
+from hyquant_jax.generate import (
+    decode,
+    decode_in_place,
+    generate,
+    kv_cache_bytes,
+    last_tokens,
+    pad_prompts,
+    prefill,
+    shortest_prompt_bound,
+)
 from hyquant_jax.model_attention import HybridAttention, make_attention
 from hyquant_jax.sampling import SamplingConfig, sample
-from models import BF16Attention, ModelConfig, init_params
+from models import BF16Attention, ModelConfig, init_model, split_model
 
 CONFIG = ModelConfig("llama", vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                      num_kv_heads=2, head_dim=32, max_position=1024)
@@ -24,8 +32,8 @@ PROMPT_LENGTHS = (37, 70, 5)
 
 
 @pytest.fixture(scope="module")
-def params():
-    return init_params(jax.random.PRNGKey(0), CONFIG, jnp.float32)
+def model():
+    return init_model(jax.random.PRNGKey(0), CONFIG, jnp.float32)
 
 
 @pytest.fixture(scope="module")
@@ -34,37 +42,36 @@ def prompts():
     return [rng.integers(0, CONFIG.vocab_size, n).tolist() for n in PROMPT_LENGTHS]
 
 
-def _run(params, prompts, attention, n=24, **kw):
-    return generate(params, CONFIG, prompts, attention=attention, max_new_tokens=n, eos_ids=kw.pop("eos_ids", ()),
-                    **kw)
+def _run(model, prompts, attention, n=24, **kw):
+    return generate(model, prompts, attention=attention, max_new_tokens=n, eos_ids=kw.pop("eos_ids", ()), **kw)
 
 
-def test_greedy_and_sampling_are_deterministic(params, prompts):
+def test_greedy_and_sampling_are_deterministic(model, prompts):
     attn = make_attention("hyquant", SMALL_HQ)
-    a, b = _run(params, prompts, attn), _run(params, prompts, attn)
+    a, b = _run(model, prompts, attn), _run(model, prompts, attn)
     assert np.array_equal(a.tokens, b.tokens) and a.tokens.shape == (3, 24)
     hot = SamplingConfig(temperature=0.8, top_k=20, top_p=0.9)
-    s1 = _run(params, prompts, BF16Attention(), sampling=hot, seed=3)
-    s2 = _run(params, prompts, BF16Attention(), sampling=hot, seed=3)
+    s1 = _run(model, prompts, BF16Attention(), sampling=hot, seed=3)
+    s2 = _run(model, prompts, BF16Attention(), sampling=hot, seed=3)
     assert np.array_equal(s1.tokens, s2.tokens)
     assert s1.tokens.min() >= 0 and s1.tokens.max() < CONFIG.vocab_size
 
 
 @pytest.mark.parametrize("kind", ["bf16", "hyquant", "kivi4"])
-def test_ragged_batch_equals_single_prompts(params, prompts, kind):
+def test_ragged_batch_equals_single_prompts(model, prompts, kind):
     attn = make_attention(kind, SMALL_HQ)
-    batch = _run(params, prompts, attn)
+    batch = _run(model, prompts, attn)
     for i, p in enumerate(prompts):
-        alone = _run(params, [p], attn)
+        alone = _run(model, [p], attn)
         assert batch.sequences()[i] == alone.sequences()[0], (kind, i)
 
 
-def test_eos_stops_each_sequence(params, prompts):
-    free = _run(params, prompts, BF16Attention())
+def test_eos_stops_each_sequence(model, prompts):
+    free = _run(model, prompts, BF16Attention())
     seq = free.sequences()[0]
     stop = next(i for i in range(1, len(seq)) if seq[i] not in seq[:i])
     eos = seq[stop]
-    res = _run(params, prompts, BF16Attention(), eos_ids=(eos,), pad_id=CONFIG.vocab_size - 1)
+    res = _run(model, prompts, BF16Attention(), eos_ids=(eos,), pad_id=CONFIG.vocab_size - 1)
     for i, row in enumerate(free.sequences()):
         want = row[:row.index(eos) + 1] if eos in row else row
         assert res.sequences()[i] == want
@@ -73,10 +80,29 @@ def test_eos_stops_each_sequence(params, prompts):
     assert np.array_equal(res.cache_lengths, res.prompt_lengths + res.lengths - 1)
 
 
-def test_eos_as_first_token_and_single_new_token(params, prompts):
-    first = _run(params, prompts, BF16Attention(), n=1)
+@pytest.mark.parametrize("kind", ["bf16", "hyquant"])
+def test_streaming_gives_the_same_tokens(model, prompts, kind):
+    """generate(on_tokens=...) decodes in calls of stream_chunk steps of one compiled loop: the streamed pieces add
+    up to each sequence, and the tokens equal those of one decode call, greedy and sampled, with a stop token."""
+    attn = make_attention(kind, SMALL_HQ)
+    hot = SamplingConfig(temperature=0.8, top_k=20)
+    for sampling, eos in ((SamplingConfig(), ()), (hot, ()), (SamplingConfig(), None)):
+        whole = _run(model, prompts, attn, n=21, sampling=sampling, seed=4, eos_ids=eos or ())
+        if eos is None:  # a token the first sequence generates mid-way stops it there
+            eos = (whole.sequences()[0][9],)
+            whole = _run(model, prompts, attn, n=21, sampling=sampling, seed=4, eos_ids=eos)
+        pieces = []
+        streamed = _run(model, prompts, attn, n=21, sampling=sampling, seed=4, eos_ids=eos, stream_chunk=4,
+                        on_tokens=pieces.append)
+        assert streamed.sequences() == whole.sequences()
+        assert [sum((p[i] for p in pieces), []) for i in range(len(prompts))] == whole.sequences()
+        assert len(pieces) > 2
+
+
+def test_eos_as_first_token_and_single_new_token(model, prompts):
+    first = _run(model, prompts, BF16Attention(), n=1)
     assert first.tokens.shape == (3, 1) and np.all(first.lengths == 1) and first.decode_steps == 0
-    res = _run(params, prompts, BF16Attention(), eos_ids=(int(first.tokens[1, 0]),))
+    res = _run(model, prompts, BF16Attention(), eos_ids=(int(first.tokens[1, 0]),))
     assert res.lengths[1] == 1
 
 
@@ -84,16 +110,16 @@ def test_eos_as_first_token_and_single_new_token(params, prompts):
     HyQuantConfig(window=128, block_size=64, prefill_block=64),  # W >= prompt + generated: all in the window
     dataclasses.replace(SMALL_HQ, rho=1.0),  # every prefix and flushed token is VL (full precision)
 ], ids=["window_covers_all", "rho_1"])
-def test_hyquant_equals_bf16_when_nothing_is_quantized(params, prompts, hq):
-    ref = _run(params, prompts, BF16Attention())
-    res = _run(params, prompts, HybridAttention(hq, backend="reference"), keep_states=True)
+def test_hyquant_equals_bf16_when_nothing_is_quantized(model, prompts, hq):
+    ref = _run(model, prompts, BF16Attention())
+    res = _run(model, prompts, HybridAttention(hq, backend="reference"), keep_states=True)
     assert np.array_equal(res.tokens, ref.tokens)
     cache = res.states[0]
     assert int(cache.page_count.sum()) == 0  # no token went to the low-bit region
 
 
 @pytest.mark.parametrize("kind", ["bf16", "hyquant_exact_prefill", "kivi4", "bf16_triton", "hyquant_triton"])
-def test_chunked_prefill_matches_whole_prompt(params, prompts, kind):
+def test_chunked_prefill_matches_whole_prompt(model, prompts, kind):
     """Chunks of 32 give the whole prompt's tokens and caches, with each chunk's attention through XLA or
     (`_triton`, `chunk_impl="triton"`) the fused kernel in interpret mode."""
     hq = dataclasses.replace(SMALL_HQ, prefill_qk="bf16")  # hybrid prefill then equals exact attention
@@ -102,30 +128,30 @@ def test_chunked_prefill_matches_whole_prompt(params, prompts, kind):
         attn = HybridAttention(hq, chunk_impl=impl)
     else:
         attn = BF16Attention(chunk_impl=impl) if kind.startswith("bf16") else make_attention(kind)
-    whole = _run(params, prompts, attn, prefill_chunk=2048, keep_states=True)
-    chunked = _run(params, prompts, attn, prefill_chunk=32, bucket=32, max_len=whole.max_len, keep_states=True)
+    whole = _run(model, prompts, attn, prefill_chunk=2048, keep_states=True)
+    chunked = _run(model, prompts, attn, prefill_chunk=32, bucket=32, max_len=whole.max_len, keep_states=True)
     assert np.array_equal(chunked.tokens, whole.tokens)
     if not kind.startswith("bf16"):
         for a, b in zip(jax.tree_util.tree_leaves(whole.states[1]), jax.tree_util.tree_leaves(chunked.states[1])):
             np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=1e-6)
 
 
-def test_quantized_baselines(params, prompts):
-    ref = _run(params, [prompts[0]], BF16Attention(), n=8)
-    short = _run(params, [prompts[0]], make_attention("kivi4"), n=8)  # 37 + 8 tokens fit the bf16 residual
+def test_quantized_baselines(model, prompts):
+    ref = _run(model, [prompts[0]], BF16Attention(), n=8)
+    short = _run(model, [prompts[0]], make_attention("kivi4"), n=8)  # 37 + 8 tokens fit the bf16 residual
     assert np.array_equal(short.tokens, ref.tokens)
     long = [prompts[1] * 3, prompts[0]]  # 210 tokens: beyond KIVI's 128-token residual
     for kind in ("uniform4", "kivi2"):
-        res = _run(params, long, make_attention(kind), n=8, keep_states=True)
+        res = _run(model, long, make_attention(kind), n=8, keep_states=True)
         assert res.tokens.shape == (2, 8) and res.tokens.max() < CONFIG.vocab_size
         assert int(res.states[0].page_count[0].sum()) > 0
 
 
-def test_kv_cache_bytes(params, prompts):
+def test_kv_cache_bytes(model, prompts):
     long = [prompts[1] * 4]  # 280 tokens: most of them leave the 16-token window
     for kind, attn in (("bf16", BF16Attention(cache_dtype=jnp.bfloat16)),
                        ("hyquant", HybridAttention(SMALL_HQ, cache_dtype=jnp.bfloat16))):
-        res = _run(params, long, attn, n=4, keep_states=True)
+        res = _run(model, long, attn, n=4, keep_states=True)
         used = kv_cache_bytes(attn, res.states, res.cache_lengths)
         bf16 = res.cache_lengths * CONFIG.kv_bytes_per_token(2)
         if kind == "bf16":
@@ -139,7 +165,7 @@ def test_shortest_prompt_bound():
         1, 4, 32768, 1024, 0]
 
 
-def test_generate_sizes_the_cache_for_the_shortest_prompt(params, monkeypatch):
+def test_generate_sizes_the_cache_for_the_shortest_prompt(monkeypatch):
     """The hybrid cache is sized for prompts >= shortest_prompt_bound: here the VL region needs 64 slots
     instead of the 128 that a short prompt decoding to max_len could fill; the tokens do not change."""
     cfg = dataclasses.replace(CONFIG, max_position=2048)
@@ -147,7 +173,11 @@ def test_generate_sizes_the_cache_for_the_shortest_prompt(params, monkeypatch):
     rng = np.random.default_rng(2)
     long = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (1100, 1030)]
     attn = make_attention("hyquant", hq)
-    run = lambda: generate(params, cfg, long, attention=attn, max_new_tokens=4, eos_ids=(), keep_states=True)
+    model = init_model(jax.random.PRNGKey(0), cfg, jnp.float32)
+
+    def run():
+        return generate(model, long, attention=attn, max_new_tokens=4, eos_ids=(), keep_states=True)
+
     bounded = run()
     assert bounded.states[0].vl_capacity == capacities(bounded.max_len, hq, 1024)[1] == 64
     monkeypatch.setattr(importlib.import_module("hyquant_jax.generate"), "shortest_prompt_bound", lambda lengths: 0)
@@ -222,42 +252,46 @@ def test_sampling_config_refuses_bad_values(field, value):
         SamplingConfig(**{field: value})
 
 
-def test_top_k_one_is_greedy(params, prompts):
-    greedy = _run(params, prompts, BF16Attention(), n=8)
-    top1 = _run(params, prompts, BF16Attention(), n=8, sampling=SamplingConfig(0.7, top_k=1), seed=5)
+def test_top_k_one_is_greedy(model, prompts):
+    greedy = _run(model, prompts, BF16Attention(), n=8)
+    top1 = _run(model, prompts, BF16Attention(), n=8, sampling=SamplingConfig(0.7, top_k=1), seed=5)
     assert np.array_equal(greedy.tokens, top1.tokens)
 
 
-def test_decode_donates_the_cache(params, prompts):
+def test_decode_donates_the_cache(model, prompts):
     """The per-layer states passed to decode are donated (consumed and updated in place)."""
     tokens, lengths = pad_prompts(prompts)
-    static = dict(config=CONFIG, attention=BF16Attention(), sampling=SamplingConfig())
+    static = dict(attention=BF16Attention(), sampling=SamplingConfig())
     key = jax.random.PRNGKey(0)
-    first, _, states = prefill(params, jnp.asarray(tokens), jnp.asarray(lengths), key, chunk=2048, max_len=128,
-                               **static)
+    model_def, weights = split_model(model)
+    first, _, states = prefill(model_def, weights, jnp.asarray(tokens), jnp.asarray(lengths), key, chunk=2048,
+                               max_len=128, **static)
     leaves = jax.tree_util.tree_leaves(states)
-    decode(params, states, first, jnp.asarray(lengths), key, max_new_tokens=4, eos_ids=(), pad_id=0, **static)
+    decode(model_def, weights, states, first, jnp.asarray(lengths), key, max_new_tokens=4, eos_ids=(), pad_id=0,
+           **static)
     assert all(x.is_deleted() for x in leaves)
+    assert not any(x.is_deleted() for x in jax.tree_util.tree_leaves(weights))  # the weights are kept
 
 
 @pytest.mark.parametrize("kind", ["bf16", "hyquant", "kivi4", "uniform4"])
-def test_decode_updates_each_state_in_its_own_buffer(params, prompts, kind):
+def test_decode_updates_each_state_in_its_own_buffer(model, prompts, kind):
     """Calling decode on the states it returned keeps every state array at the address it came in (the
     serving pattern: e2e.py's timed calls). jit gives each output, in output order, the buffer of the first
     unused donated input of its shape and dtype; when the int32 [B] counts came before the states, the
     quantized caches' int32 [B] counters moved to each other's buffers on every call (bf16's state has no
     such arrays), and on the GPU every moved buffer re-records the loop graph's commands that use it."""
     attn = make_attention(kind, SMALL_HQ)
-    static = dict(config=CONFIG, attention=attn, sampling=SamplingConfig())
+    static = dict(attention=attn, sampling=SamplingConfig())
     tokens, lengths = pad_prompts(prompts)
     key = jax.random.PRNGKey(0)
-    first, _, states = prefill(params, jnp.asarray(tokens), jnp.asarray(lengths), key, chunk=2048,
+    model_def, weights = split_model(model)
+    first, _, states = prefill(model_def, weights, jnp.asarray(tokens), jnp.asarray(lengths), key, chunk=2048,
                                max_len=tokens.shape[1] + 40, **static)
     positions = jnp.asarray(lengths)
     addresses = None
     for _ in range(3):
-        states, out, _, positions, _ = decode(params, states, first, positions, key, max_new_tokens=9, eos_ids=(),
-                                              pad_id=0, **static)
+        states, out, _, positions, _ = decode(model_def, weights, states, first, positions, key, max_new_tokens=9,
+                                              eos_ids=(), pad_id=0, **static)
         first = out[:, -1]
         now = [x.unsafe_buffer_pointer() for x in jax.tree_util.tree_leaves(states)]
         assert addresses is None or now == addresses, kind
@@ -273,27 +307,26 @@ def _host_copy(tree):
 
 
 @pytest.mark.parametrize("kind", ["bf16", "hyquant"])
-def test_decode_in_place_keeps_every_buffer_and_equals_decode(params, prompts, kind):
+def test_decode_in_place_keeps_every_buffer_and_equals_decode(model, prompts, kind):
     """Chained `decode_in_place` calls (with `last_tokens` between them) give `decode`'s tokens, counts, cache
     lengths, steps and states, and from the second call on every input and output array of a call sits where
     the previous call's did: the states, first, lengths, tokens, counts and steps (plain `decode` gives its
     outputs new buffers while the caller holds the previous ones)."""
     attn = make_attention(kind, SMALL_HQ)
-    static = dict(config=CONFIG, attention=attn, sampling=SamplingConfig(), max_new_tokens=9, eos_ids=(),
-                  pad_id=0)
+    static = dict(attention=attn, sampling=SamplingConfig(), max_new_tokens=9, eos_ids=(), pad_id=0)
     tokens, lengths = pad_prompts(prompts)
     key = jax.random.PRNGKey(0)
+    model_def, weights = split_model(model)
 
     def start():
-        first, _, states = prefill(params, jnp.asarray(tokens), jnp.asarray(lengths), key, chunk=2048,
-                                   max_len=tokens.shape[1] + 40, config=CONFIG, attention=attn,
-                                   sampling=SamplingConfig())
+        first, _, states = prefill(model_def, weights, jnp.asarray(tokens), jnp.asarray(lengths), key, chunk=2048,
+                                   max_len=tokens.shape[1] + 40, attention=attn, sampling=SamplingConfig())
         return states, first, jnp.asarray(lengths)
 
     states, first, positions = start()
     want = []
     for _ in range(3):
-        states, out, count, positions, steps = decode(params, states, first, positions, key, **static)
+        states, out, count, positions, steps = decode(model_def, weights, states, first, positions, key, **static)
         first = out[:, -1]
         want.append(_host_copy((out, count, positions, steps, states)))
 
@@ -304,8 +337,8 @@ def test_decode_in_place_keeps_every_buffer_and_equals_decode(params, prompts, k
     for call in range(3):
         if call:
             first = last_tokens(out, count)
-        states, out, count, positions, steps = decode_in_place(params, states, first, positions, key, (out, steps),
-                                                               **static)
+        states, out, count, positions, steps = decode_in_place(model_def, weights, states, first, positions, key,
+                                                               (out, steps), **static)
         got = _host_copy((out, count, positions, steps, states))
         for w, g in zip(jax.tree_util.tree_leaves(want[call]), jax.tree_util.tree_leaves(got)):
             np.testing.assert_array_equal(g, w)
@@ -315,7 +348,7 @@ def test_decode_in_place_keeps_every_buffer_and_equals_decode(params, prompts, k
     assert first.is_deleted()  # donated: the counts took its buffer
     first = last_tokens(out, count)
     with pytest.raises(ValueError, match=r"previous must be \(tokens int32 \[3, 9\], steps int32 \[\]\)"):
-        decode_in_place(params, states, first, positions, key, (out[:, :8], steps), **static)
+        decode_in_place(model_def, weights, states, first, positions, key, (out[:, :8], steps), **static)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -331,7 +364,7 @@ class _KiviFlushEveryStep(type(make_attention("kivi4"))):
 
 
 @pytest.mark.parametrize("kind", ["hyquant", "kivi4"])
-def test_runs_of_steps_equal_a_flush_check_every_step(params, prompts, kind):
+def test_runs_of_steps_equal_a_flush_check_every_step(model, prompts, kind):
     """decode's inner loop between ring flushes gives the same tokens, counts, steps and final states, bit
     for bit, as the flush branch before every step: ragged prompts (rings at different phases), several
     flushes per sequence (16-slot blocks, 40 steps), and a sequence that stops at EOS mid-run."""
@@ -343,15 +376,16 @@ def test_runs_of_steps_equal_a_flush_check_every_step(params, prompts, kind):
         prompts = [prompts[1] * 2, prompts[0] * 3, prompts[1] + prompts[2]]
     tokens, lengths = pad_prompts(prompts)
     key = jax.random.PRNGKey(3)
-    free = _run(params, prompts, runs, n=40)
+    model_def, weights = split_model(model)
+    free = _run(model, prompts, runs, n=40)
     eos = (int(free.tokens[0, 21]),)  # the first sequence stops there (or earlier), the others may go on
     for eos_ids in ((), eos):
         results = []
         for attn in (runs, every):
-            static = dict(config=CONFIG, attention=attn, sampling=SamplingConfig())
-            first, _, states = prefill(params, jnp.asarray(tokens), jnp.asarray(lengths), key, chunk=2048,
-                                       max_len=tokens.shape[1] + 48, **static)
-            results.append(decode(params, states, first, jnp.asarray(lengths), key, max_new_tokens=40,
+            static = dict(attention=attn, sampling=SamplingConfig())
+            first, _, states = prefill(model_def, weights, jnp.asarray(tokens), jnp.asarray(lengths), key,
+                                       chunk=2048, max_len=tokens.shape[1] + 48, **static)
+            results.append(decode(model_def, weights, states, first, jnp.asarray(lengths), key, max_new_tokens=40,
                                   eos_ids=eos_ids, pad_id=0, **static))
         (states, out, count, pos, steps), (states2, out2, count2, pos2, steps2) = results
         assert np.array_equal(out, out2) and np.array_equal(count, count2) and np.array_equal(pos, pos2)
@@ -362,53 +396,58 @@ def test_runs_of_steps_equal_a_flush_check_every_step(params, prompts, kind):
     assert int(count[0]) < 40  # the EOS run stopped the first sequence early
 
 
-def test_prefill_and_decode_run_inside_a_callers_jit(params, prompts):
+def test_prefill_and_decode_run_inside_a_callers_jit(model, prompts):
     """JAX takes XLA compiler options on top-level jits only: inside a caller's jit, prefill and decode run as
     plain nested jits (no error) and give the tokens they give at the top level."""
-    static = dict(config=CONFIG, attention=HybridAttention(SMALL_HQ, backend="reference"),
-                  sampling=SamplingConfig())
+    static = dict(attention=HybridAttention(SMALL_HQ, backend="reference"), sampling=SamplingConfig())
     tokens, lengths = pad_prompts(prompts)
+    model_def, weights = split_model(model)
 
-    def both(params, tokens, lengths, key):
-        first, _, states = prefill(params, tokens, lengths, key, chunk=2048, max_len=tokens.shape[1] + 24,
-                                   **static)
-        _, out, count, *_ = decode(params, states, first, lengths, key, max_new_tokens=20, eos_ids=(), pad_id=0,
-                                   **static)
+    def both(weights, tokens, lengths, key):
+        first, _, states = prefill(model_def, weights, tokens, lengths, key, chunk=2048,
+                                   max_len=tokens.shape[1] + 24, **static)
+        _, out, count, *_ = decode(model_def, weights, states, first, lengths, key, max_new_tokens=20, eos_ids=(),
+                                   pad_id=0, **static)
         return out, count
 
-    args = (params, jnp.asarray(tokens), jnp.asarray(lengths), jax.random.PRNGKey(3))
+    args = (weights, jnp.asarray(tokens), jnp.asarray(lengths), jax.random.PRNGKey(3))
     for a, b in zip(jax.jit(both)(*args), both(*args)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_generate_errors(params, prompts):
+def test_generate_errors(model, prompts):
     attn = BF16Attention()
     with pytest.raises(ValueError, match="max_new_tokens"):
-        _run(params, prompts, attn, n=0)
+        _run(model, prompts, attn, n=0)
     with pytest.raises(ValueError, match="max_len=50 is too small"):
-        _run(params, prompts, attn, max_len=50)
+        _run(model, prompts, attn, max_len=50)
     with pytest.raises(ValueError, match="token ids"):
-        _run(params, [[0, CONFIG.vocab_size]], attn)
+        _run(model, [[0, CONFIG.vocab_size]], attn)
     with pytest.raises(ValueError, match="at least one token"):
-        _run(params, [[1, 2], []], attn)
+        _run(model, [[1, 2], []], attn)
     with pytest.raises(ValueError, match=r"prompts\[1\] must be a flat sequence of integer token ids, got float64"):
-        _run(params, [[1, 2], [1.5, 2]], attn)
+        _run(model, [[1, 2], [1.5, 2]], attn)
     with pytest.raises(ValueError,
                        match=r"prompts\[0\] must be a flat sequence of integer token ids, got int\d+ \[1, 2\]"):
-        _run(params, [[[1, 2]]], attn)
+        _run(model, [[[1, 2]]], attn)
     with pytest.raises(ValueError, match="max_position"):
-        _run(params, prompts, attn, n=1000)
+        _run(model, prompts, attn, n=1000)
     with pytest.raises(ValueError, match=r"attention must be an attention implementation .* got 'hyquant'"):
-        _run(params, prompts, "hyquant")
+        _run(model, prompts, "hyquant")
     with pytest.raises(ValueError, match=r"pad_id must be a token id in \[0, 96\), got -1"):
-        _run(params, prompts, attn, pad_id=-1)
-    narrow = dataclasses.replace(CONFIG, hidden_size=32)
-    with pytest.raises(ValueError, match=r"params.embed has shape \(96, 32\), config needs \(96, 64\)"):
-        _run(init_params(jax.random.PRNGKey(0), narrow), prompts, attn)
-    with pytest.raises(ValueError, match=r"params.*final_norm.* must be floating-point, got int32"):
-        _run(dataclasses.replace(params, final_norm=params.final_norm.astype(jnp.int32)), prompts, attn)
-    with pytest.raises(ValueError, match="init_params: dtype must be floating-point"):
-        init_params(jax.random.PRNGKey(0), CONFIG, jnp.int8)
+        _run(model, prompts, attn, pad_id=-1)
+    narrow = init_model(jax.random.PRNGKey(0), dataclasses.replace(CONFIG, hidden_size=32))
+    narrow.config = CONFIG  # weights made for another config
+    with pytest.raises(ValueError, match=r"model.embed has shape \(96, 32\), config needs \(96, 64\)"):
+        _run(narrow, prompts, attn)
+    model_def, weights = split_model(model)
+    ints = model_def.merge({**weights, "final_norm": weights["final_norm"].astype(jnp.int32)})
+    with pytest.raises(ValueError, match=r"model.final_norm must be floating-point, got int32"):
+        _run(ints, prompts, attn)
+    with pytest.raises(ValueError, match="model must be a models.Decoder"):
+        generate(weights, prompts, attention=attn, max_new_tokens=2)
+    with pytest.raises(ValueError, match="init_model: dtype must be floating-point"):
+        init_model(jax.random.PRNGKey(0), CONFIG, jnp.int8)
     with pytest.raises(ValueError, match="backend"):
         HybridAttention(SMALL_HQ, backend="cuda")
 
@@ -475,7 +514,7 @@ def test_gpu_decode_loops_on_the_device_match_the_host_loops(monkeypatch, kind):
     module = importlib.import_module("hyquant_jax.generate")  # the package exports a function of that name
     config = dataclasses.replace(CONFIG, architecture="qwen3", qk_norm=True, vocab_size=512, hidden_size=1024,
                                  intermediate_size=1024, num_heads=32, num_kv_heads=8, head_dim=128)
-    params = init_params(jax.random.PRNGKey(5), config, jnp.bfloat16)
+    model = init_model(jax.random.PRNGKey(5), config, jnp.bfloat16)
     rng = np.random.default_rng(6)
     prompts = [rng.integers(0, config.vocab_size, n).tolist() for n in (411, 333)]
     attn = BF16Attention() if kind == "bf16" else make_attention("hyquant", HyQuantConfig(), backend="triton")
@@ -488,8 +527,7 @@ def test_gpu_decode_loops_on_the_device_match_the_host_loops(monkeypatch, kind):
     def run(kinds, eos=()):
         options = {**base, "xla_gpu_enable_command_buffer": ",".join(kinds)}
         monkeypatch.setattr(module, "decode", module.decode_with_options(options))
-        return module.generate(params, config, prompts, attention=attn, max_new_tokens=100, eos_ids=eos,
-                               keep_states=True)
+        return module.generate(model, prompts, attention=attn, max_new_tokens=100, eos_ids=eos, keep_states=True)
 
     host = module.XLA_COMMAND_BUFFER_KINDS
     device = host + ("WHILE",)

@@ -4,20 +4,21 @@ import dataclasses
 import json
 import re
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import ggml_blocks
-from tests.helpers import spm_reference
-from tests.helpers.checkpoint_files import CHATML, SPECIALS, numpy_weights, train_tokenizer, write_gguf, write_hf_folder
-from models import BF16Attention, ModelConfig, PrefillContext, forward, init_params, load_model
+from models import BF16Attention, ModelConfig, PrefillContext, cast_model, init_model, load_model
 from models.gguf_loader import llama_cpp_permute, llama_cpp_unpermute, load_gguf
 from models.hf_loader import load_hf
 from models.tokenizer import load_hf_tokenizer
+from tests.helpers import ggml_blocks, spm_reference
+from tests.helpers.checkpoint_files import CHATML, SPECIALS, numpy_weights, train_tokenizer, write_gguf, write_hf_folder
 
 TINY = ModelConfig("llama", vocab_size=320, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                    num_kv_heads=2, head_dim=16, max_position=256, rms_norm_eps=1e-5)
@@ -31,39 +32,37 @@ TEXTS = ["Hello world! The quick brown fox.", "numbers 12345 and tabs\tand\nnewl
          "unicode: café, naïve, 東京", ""]
 
 
-def _logits(params, config, tokens):
+def _logits(model, tokens):
     b, t = tokens.shape
+    config = model.config
     states = tuple(BF16Attention().prefill_state(config, b, t, t, jnp.float32, True) for _ in range(config.num_layers))
     ctx = PrefillContext(jnp.int32(0), jnp.full((b,), t, jnp.int32), t, whole=True)
-    return forward(params, tokens, ctx, states, config=config, attention=BF16Attention())[0]
+    return model(tokens, ctx, states, attention=BF16Attention())[0]
 
 
-def _assert_same_params(a, b, rtol=0.0, atol=0.0):
-    fa, fb = jax.tree_util.tree_leaves_with_path(a), jax.tree_util.tree_leaves_with_path(b)
-    assert [p for p, _ in fa] == [p for p, _ in fb]
-    for (path, x), (_, y) in zip(fa, fb):
-        np.testing.assert_allclose(np.asarray(x, np.float32), np.asarray(y, np.float32), rtol=rtol, atol=atol,
-                                   err_msg=jax.tree_util.keystr(path))
+def _assert_same_weights(a, b):
+    """The same weights bit for bit, in the same module structure (paths, dtypes, logical axes)."""
+    chex.assert_trees_all_equal_structs(nnx.state(a), nnx.state(b))
+    chex.assert_trees_all_equal(nnx.state(a), nnx.state(b))
 
 
 @pytest.mark.parametrize("name", sorted(HF_VARIANTS))
 def test_hf_folder_round_trip(tmp_path, name):
     config, shards, dtype = HF_VARIANTS[name]
-    params = init_params(jax.random.PRNGKey(0), config, jnp.float32)
-    write_hf_folder(tmp_path, params, config, shards=shards, dtype=dtype)
-    loaded_config, loaded = load_hf(tmp_path, dtype="float32")
-    assert dataclasses.replace(loaded_config, bos_token_id=None, eos_token_ids=()) == config
-    assert loaded_config.eos_token_ids == (2,)
-    if dtype == "bfloat16":
-        params = jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), params)
-    _assert_same_params(loaded, params)
+    model = init_model(jax.random.PRNGKey(0), config, jnp.float32)
+    write_hf_folder(tmp_path, model, shards=shards, dtype=dtype)
+    loaded = load_hf(tmp_path, dtype="float32")
+    assert dataclasses.replace(loaded.config, bos_token_id=None, eos_token_ids=()) == config
+    assert loaded.config.eos_token_ids == (2,)
+    if dtype == "bfloat16":  # stored in bf16, read back as float32
+        model = cast_model(cast_model(model, jnp.bfloat16), jnp.float32)
+    _assert_same_weights(loaded, model)
 
 
 def test_hf_folder_errors(tmp_path):
     with pytest.raises(ValueError, match="config.json"):
         load_hf(tmp_path)
-    params = init_params(jax.random.PRNGKey(0), TINY, jnp.float32)
-    write_hf_folder(tmp_path, params, TINY, shards=2)
+    write_hf_folder(tmp_path, init_model(jax.random.PRNGKey(0), TINY, jnp.float32), shards=2)
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
     missing = sorted(set(index["weight_map"].values()))[0]
     (tmp_path / missing).unlink()
@@ -80,8 +79,7 @@ def test_hf_folder_errors(tmp_path):
 def test_hf_folder_weight_errors_name_the_tensor(tmp_path):
     from safetensors.numpy import load_file, save_file
 
-    params = init_params(jax.random.PRNGKey(0), TINY, jnp.float32)
-    write_hf_folder(tmp_path, params, TINY)
+    write_hf_folder(tmp_path, init_model(jax.random.PRNGKey(0), TINY, jnp.float32))
     (path,) = tmp_path.glob("*.safetensors")
     weights = load_file(path)
     name = "model.layers.1.mlp.down_proj.weight"
@@ -107,16 +105,16 @@ def test_llama_cpp_permutation_inverts(heads, half, cols):
 def test_gguf_f32_matches_hf_folder(tmp_path):
     """The same weights through llama.cpp's Q/K permutation and back give the HF model's logits exactly."""
     config = dataclasses.replace(TINY, tie_embeddings=False)
-    params = init_params(jax.random.PRNGKey(1), config, jnp.float32)
-    write_hf_folder(tmp_path / "hf", params, config)
-    write_gguf(tmp_path / "m.gguf", params, config)
-    cfg_g, from_gguf = load_gguf(tmp_path / "m.gguf", dtype="float32")
-    cfg_h, from_hf = load_hf(tmp_path / "hf", dtype="float32")
+    model = init_model(jax.random.PRNGKey(1), config, jnp.float32)
+    write_hf_folder(tmp_path / "hf", model)
+    write_gguf(tmp_path / "m.gguf", model)
+    from_gguf = load_gguf(tmp_path / "m.gguf", dtype="float32")
+    from_hf = load_hf(tmp_path / "hf", dtype="float32")
+    cfg_g = from_gguf.config
     assert cfg_g.tie_embeddings is False and cfg_g.num_kv_heads == 2 and cfg_g.head_dim == 16
-    _assert_same_params(from_gguf, from_hf)
+    _assert_same_weights(from_gguf, from_hf)
     tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 12), 0, config.vocab_size)
-    np.testing.assert_allclose(_logits(from_gguf, cfg_g, tokens), _logits(params, config, tokens), rtol=1e-5,
-                               atol=1e-5)
+    np.testing.assert_allclose(_logits(from_gguf, tokens), _logits(model, tokens), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["qwen2_bias_sharded", "qwen3_qknorm_sharded"])
@@ -124,17 +122,17 @@ def test_gguf_qwen_matches_hf_folder(tmp_path, name):
     """Qwen2 (q/k/v biases, tied embeddings) and Qwen3 (q/k RMSNorm, head_dim != hidden / heads) GGUFs, whose
     Q/K rows llama.cpp leaves in HF's order, load as the same model as the HF folder."""
     config = dataclasses.replace(HF_VARIANTS[name][0], tie_embeddings=name.startswith("qwen2"))
-    params = init_params(jax.random.PRNGKey(7), config, jnp.float32)
-    write_hf_folder(tmp_path / "hf", params, config)
-    write_gguf(tmp_path / "m.gguf", params, config, arch=config.architecture)
-    cfg_g, from_gguf = load_gguf(tmp_path / "m.gguf", dtype="float32")
-    cfg_h, from_hf = load_hf(tmp_path / "hf", dtype="float32")
+    model = init_model(jax.random.PRNGKey(7), config, jnp.float32)
+    write_hf_folder(tmp_path / "hf", model)
+    write_gguf(tmp_path / "m.gguf", model, arch=config.architecture)
+    from_gguf = load_gguf(tmp_path / "m.gguf", dtype="float32")
+    from_hf = load_hf(tmp_path / "hf", dtype="float32")
+    cfg_g = from_gguf.config
     assert (cfg_g.architecture, cfg_g.qkv_bias, cfg_g.qk_norm, cfg_g.tie_embeddings, cfg_g.head_dim) == (
         config.architecture, config.qkv_bias, config.qk_norm, config.tie_embeddings, config.head_dim)
-    _assert_same_params(from_gguf, from_hf)
+    _assert_same_weights(from_gguf, from_hf)
     tokens = jax.random.randint(jax.random.PRNGKey(8), (2, 12), 0, config.vocab_size)
-    np.testing.assert_allclose(_logits(from_gguf, cfg_g, tokens), _logits(params, config, tokens), rtol=1e-5,
-                               atol=1e-5)
+    np.testing.assert_allclose(_logits(from_gguf, tokens), _logits(model, tokens), rtol=1e-5, atol=1e-5)
 
 
 def test_gguf_yarn_matches_hf_folder(tmp_path):
@@ -142,26 +140,26 @@ def test_gguf_yarn_matches_hf_folder(tmp_path):
     converter writes them) loads the same RoPE as the HF folder it came from (tests/fixtures/qwen2_yarn_tiny)."""
     from pathlib import Path
 
-    cfg_h, from_hf = load_hf(Path(__file__).parent / "fixtures" / "qwen2_yarn_tiny", dtype="float32")
-    write_gguf(tmp_path / "yarn.gguf", from_hf, cfg_h, arch="qwen2")
-    cfg_g, from_gguf = load_gguf(tmp_path / "yarn.gguf", dtype="float32")
+    from_hf = load_hf(Path(__file__).parent / "fixtures" / "qwen2_yarn_tiny", dtype="float32")
+    write_gguf(tmp_path / "yarn.gguf", from_hf, arch="qwen2")
+    from_gguf = load_gguf(tmp_path / "yarn.gguf", dtype="float32")
+    cfg_g, cfg_h = from_gguf.config, from_hf.config
     fields = ("rope_type", "rope_factor", "rope_original_max_position", "rope_attention_factor", "rope_theta",
               "max_position")
     assert [getattr(cfg_g, f) for f in fields] == [getattr(cfg_h, f) for f in fields]
     tokens = jax.random.randint(jax.random.PRNGKey(9), (1, 150), 0, cfg_h.vocab_size)
-    np.testing.assert_allclose(_logits(from_gguf, cfg_g, tokens), _logits(from_hf, cfg_h, tokens), rtol=1e-5,
-                               atol=1e-5)
+    np.testing.assert_allclose(_logits(from_gguf, tokens), _logits(from_hf, tokens), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("qtype, tol", [("F16", 2e-3), ("BF16", 1e-2), ("Q8_0", 2e-2), ("Q4_0", 0.25),
                                         ("Q4_1", 0.2)])
 def test_gguf_quantized_types(tmp_path, qtype, tol):
     config = dataclasses.replace(TINY, tie_embeddings=True)
-    params = init_params(jax.random.PRNGKey(3), config, jnp.float32)
+    model = init_model(jax.random.PRNGKey(3), config, jnp.float32)
     types = {k: qtype for k in ("q", "k", "v", "o", "gate", "up", "down", "embed")}
-    write_gguf(tmp_path / "m.gguf", params, config, types=types)
-    _, loaded = load_gguf(tmp_path / "m.gguf", dtype="float32")
-    want, got = numpy_weights(params, config), numpy_weights(loaded, config)
+    write_gguf(tmp_path / "m.gguf", model, types=types)
+    loaded = load_gguf(tmp_path / "m.gguf", dtype="float32")
+    want, got = numpy_weights(model), numpy_weights(loaded)
     for name, w in want.items():
         err = np.abs(got[name] - w).max() / np.abs(w).max()
         assert err < tol, (name, err)
@@ -182,35 +180,35 @@ def test_gguf_k_quants_and_5_bit_match_a_reference_dequantizer(tmp_path, types):
     """Weights stored as random valid blocks of each K-quant / 5-bit type load as a float64 dequantizer
     written from ggml's C code (tests/helpers/ggml_blocks.py) decodes them, Q/K rows un-permuted; the model runs."""
     config = K_QUANT_CONFIG
-    params = init_params(jax.random.PRNGKey(4), config, jnp.float32)
+    model = init_model(jax.random.PRNGKey(4), config, jnp.float32)
     rng = np.random.default_rng(5)
     raw, want = {}, {}
-    for short, w in numpy_weights(params, config).items():
+    for short, w in numpy_weights(model).items():
         kind = short.split(".")[-1]
         if kind in types:
             raw[short] = (types[kind], ggml_blocks.random_blocks(rng, types[kind], *w.shape))
             w = ggml_blocks.dequantize(*raw[short])
             heads = {"q": config.num_heads, "k": config.num_kv_heads}.get(kind)
             want[short] = w if heads is None else llama_cpp_unpermute(w, heads)
-    write_gguf(tmp_path / "m.gguf", params, config, raw=raw)
-    loaded_config, loaded = load_gguf(tmp_path / "m.gguf", dtype="float32")
-    got = numpy_weights(loaded, loaded_config)
+    write_gguf(tmp_path / "m.gguf", model, raw=raw)
+    loaded = load_gguf(tmp_path / "m.gguf", dtype="float32")
+    got = numpy_weights(loaded)
     assert len(want) == 7 * config.num_layers + 2
     for short, w in want.items():
         np.testing.assert_allclose(got[short], w, rtol=1e-6, atol=1e-6 * np.abs(w).max(), err_msg=short)
     tokens = jax.random.randint(jax.random.PRNGKey(6), (1, 8), 0, config.vocab_size)
-    assert np.isfinite(_logits(loaded, loaded_config, tokens)).all()
+    assert np.isfinite(_logits(loaded, tokens)).all()
 
 
 def test_gguf_errors(tmp_path):
-    params = init_params(jax.random.PRNGKey(0), TINY, jnp.float32)
+    model = init_model(jax.random.PRNGKey(0), TINY, jnp.float32)
     with pytest.raises(ValueError, match="does not exist"):
         load_gguf(tmp_path / "missing.gguf")
-    write_gguf(tmp_path / "phi.gguf", params, TINY, arch="phi3")
+    write_gguf(tmp_path / "phi.gguf", model, arch="phi3")
     with pytest.raises(ValueError, match=r"phi\.gguf: general\.architecture='phi3' is not supported"):
         load_gguf(tmp_path / "phi.gguf")
     iq4 = np.zeros((TINY.intermediate_size, TINY.hidden_size // 32 * 18), np.uint8)  # IQ4_NL: 18 bytes / 32
-    write_gguf(tmp_path / "iq4.gguf", params, TINY, raw={"0.gate": ("IQ4_NL", iq4)})
+    write_gguf(tmp_path / "iq4.gguf", model, raw={"0.gate": ("IQ4_NL", iq4)})
     with pytest.raises(ValueError, match="blk.0.ffn_gate.weight has type IQ4_NL; supported: "):
         load_gguf(tmp_path / "iq4.gguf")
     (tmp_path / "junk.bin").write_bytes(b"not a checkpoint at all")
@@ -223,7 +221,7 @@ def test_gguf_errors(tmp_path):
 @pytest.fixture(scope="module")
 def tiny_gguf_bytes(tmp_path_factory):
     path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
-    write_gguf(path, init_params(jax.random.PRNGKey(0), TINY, jnp.float32), TINY, tokenizer=train_tokenizer())
+    write_gguf(path, init_model(jax.random.PRNGKey(0), TINY, jnp.float32), tokenizer=train_tokenizer())
     return path.read_bytes()
 
 
@@ -287,10 +285,9 @@ def test_gguf_metadata_that_is_not_utf8(tmp_path, tiny_gguf_bytes):
 def test_gguf_tokenizer_matches_trained_tokenizer(tmp_path, pre):
     tok = train_tokenizer(pre=pre)
     config = dataclasses.replace(TINY, vocab_size=tok.get_vocab_size())
-    params = init_params(jax.random.PRNGKey(0), config, jnp.float32)
-    write_gguf(tmp_path / "m.gguf", params, config, tokenizer=tok, pre=pre)
-    cfg, _, ours = load_model(tmp_path / "m.gguf", "float32")
-    assert ours.eos_ids == (SPECIALS.index("<|im_end|>"),) and cfg.eos_token_ids == ours.eos_ids
+    write_gguf(tmp_path / "m.gguf", init_model(jax.random.PRNGKey(0), config, jnp.float32), tokenizer=tok, pre=pre)
+    model, ours = load_model(tmp_path / "m.gguf", "float32")
+    assert ours.eos_ids == (SPECIALS.index("<|im_end|>"),) and model.config.eos_token_ids == ours.eos_ids
     for text in TEXTS:
         ids = ours.encode(text)
         assert ids == tok.encode(text).ids, text
@@ -312,9 +309,9 @@ def test_gguf_sentencepiece_tokenizer_matches_llama_cpp_reference(tmp_path):
     the vocabulary; decoding gives the text back; <s> is prepended."""
     tokens, scores, types = spm_reference.train_vocab(SPM_CORPUS)
     config = dataclasses.replace(TINY, vocab_size=len(tokens))
-    write_gguf(tmp_path / "spm.gguf", init_params(jax.random.PRNGKey(0), config, jnp.float32), config,
+    write_gguf(tmp_path / "spm.gguf", init_model(jax.random.PRNGKey(0), config, jnp.float32),
                spm=(tokens, scores, types))
-    _, _, ours = load_model(tmp_path / "spm.gguf", "float32")
+    _, ours = load_model(tmp_path / "spm.gguf", "float32")
     assert ours.bos_id == 1 and ours.add_bos and ours.eos_ids == (2,)
     rng = np.random.default_rng(0)
     alphabet = list("the quick brown fox.,") + ["  ", "\n", "é", "東", "🙂", "x", "Q"]
@@ -353,13 +350,13 @@ def test_hf_tokenizer_folder(tmp_path):
 def test_load_model_dispatches_to_both_formats(tmp_path):
     tok = train_tokenizer()
     config = dataclasses.replace(TINY, vocab_size=tok.get_vocab_size(), tie_embeddings=True)
-    params = init_params(jax.random.PRNGKey(0), config, jnp.float32)
-    write_hf_folder(tmp_path / "hf", params, config)
+    model = init_model(jax.random.PRNGKey(0), config, jnp.float32)
+    write_hf_folder(tmp_path / "hf", model)
     tok.save(str(tmp_path / "hf" / "tokenizer.json"))
-    write_gguf(tmp_path / "m.gguf", params, config, tokenizer=tok)
-    _, p_hf, t_hf = load_model(tmp_path / "hf", "float32")
-    _, p_gg, t_gg = load_model(tmp_path / "m.gguf", "float32")
-    _assert_same_params(p_hf, p_gg)
+    write_gguf(tmp_path / "m.gguf", model, tokenizer=tok)
+    m_hf, t_hf = load_model(tmp_path / "hf", "float32")
+    m_gg, t_gg = load_model(tmp_path / "m.gguf", "float32")
+    _assert_same_weights(m_hf, m_gg)
     assert t_hf.encode(TEXTS[0]) == t_gg.encode(TEXTS[0])
 
 

@@ -1,18 +1,31 @@
-"""models/: config parsing, RoPE, and forward consistency (chunked prefill, decode) on tiny random models."""
+"""models/: config parsing, RoPE, the Flax modules (init, split / merge under jit), and forward consistency
+(chunked prefill, decode) on tiny random models."""
 
 import dataclasses
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models import BF16Attention, DecodeContext, ModelConfig, PrefillContext, forward, from_hf_config, init_params
+from models import (
+    BF16Attention,
+    DecodeContext,
+    Decoder,
+    ModelConfig,
+    PrefillContext,
+    abstract_model,
+    from_hf_config,
+    init_model,
+    split_model,
+)
 from models.config import rope_inv_freq
 from models.layers import apply_rope, rope_cos_sin
-from models.transformer import _project_qkv, check_params, fuse_qkv, layer_kernels, split_qkv
+from models.transformer import _project_qkv, check_model, fuse_qkv, layer_kernels, split_qkv
 
 TINY = ModelConfig("llama", vocab_size=97, hidden_size=48, intermediate_size=96, num_layers=2, num_heads=4,
                    num_kv_heads=2, head_dim=16, rope_theta=10000.0, max_position=512)
@@ -31,10 +44,11 @@ def _states(config, batch, max_len, attn=BF16Attention(), whole=True, prompt_len
                  for _ in range(config.num_layers))
 
 
-def _full_logits(params, config, tokens):
+def _full_logits(model, tokens):
     b, t = tokens.shape
     ctx = PrefillContext(jnp.int32(0), jnp.full((b,), t, jnp.int32), t, whole=True)
-    logits, _ = forward(params, tokens, ctx, _states(config, b, t), config=config, attention=BF16Attention())
+    logits, _ = model(tokens, ctx, _states(model.config, b, t), attention=BF16Attention())
+    chex.assert_shape(logits, (b, t, model.config.vocab_size))
     return logits
 
 
@@ -144,21 +158,21 @@ def test_decode_steps_match_full_forward(name, attend_first):
     """Prefill T-3 tokens then decode 3 one by one == one causal forward over T tokens (the step's token
     written before the attention, or attended as one more key and written after it)."""
     config = VARIANTS[name]
-    params = init_params(jax.random.PRNGKey(1), config, jnp.float32)
-    check_params(params, config)
+    model = init_model(jax.random.PRNGKey(1), config, jnp.float32)
+    check_model(model)
     t = 13
     tokens = jax.random.randint(jax.random.PRNGKey(2), (2, t), 0, config.vocab_size)
-    full = _full_logits(params, config, tokens)
+    full = _full_logits(model, tokens)
 
     attn = BF16Attention(attend_first=attend_first)
     p = t - 3
     ctx = PrefillContext(jnp.int32(0), jnp.full((2,), p, jnp.int32), t, whole=True)
     states = _states(config, 2, t)
-    logits, states = forward(params, tokens[:, :p], ctx, states, config=config, attention=attn)
+    logits, states = model(tokens[:, :p], ctx, states, attention=attn)
     np.testing.assert_allclose(logits, full[:, :p], rtol=1e-4, atol=1e-4)
     for i in range(p, t):
         dctx = DecodeContext(jnp.full((2,), i, jnp.int32), jnp.ones((2,), bool))
-        step, states = forward(params, tokens[:, i:i + 1], dctx, states, config=config, attention=attn)
+        step, states = model(tokens[:, i:i + 1], dctx, states, attention=attn)
         np.testing.assert_allclose(step[:, 0], full[:, i], rtol=1e-4, atol=1e-4)
 
 
@@ -195,20 +209,20 @@ def test_decode_steps_with_layer_kernels_match_xla(name, dtype):
     """Decode steps with the norm/RoPE kernels (interpret mode) give the XLA path's logits and states, and in
     float32 the full causal forward's logits."""
     config = KERNEL_VARIANTS[name]
-    params = init_params(jax.random.PRNGKey(7), config, dtype)
+    model = init_model(jax.random.PRNGKey(7), config, dtype)
     t, p = 11, 8
     tokens = jax.random.randint(jax.random.PRNGKey(8), (2, t), 0, config.vocab_size)
-    full = _full_logits(params, config, tokens) if dtype == jnp.float32 else None
+    full = _full_logits(model, tokens) if dtype == jnp.float32 else None
     attn = BF16Attention()
     ctx = PrefillContext(jnp.int32(0), jnp.full((2,), p, jnp.int32), t, whole=True)
     states = tuple(attn.prefill_state(config, 2, t, t, dtype, True) for _ in range(config.num_layers))
-    _, states = forward(params, tokens[:, :p], ctx, states, config=config, attention=attn)
+    _, states = model(tokens[:, :p], ctx, states, attention=attn)
     tol = 1e-5 if dtype == jnp.float32 else 3e-2
     for i in range(p, t):
         dctx = DecodeContext(jnp.full((2,), i, jnp.int32), jnp.ones((2,), bool))
         step = tokens[:, i:i + 1]
-        xla, xla_states = forward(params, step, dctx, states, config=config, attention=attn, kernels="xla")
-        fused, states = forward(params, step, dctx, states, config=config, attention=attn, kernels="interpret")
+        xla, xla_states = model(step, dctx, states, attention=attn, kernels="xla")
+        fused, states = model(step, dctx, states, attention=attn, kernels="interpret")
         np.testing.assert_allclose(fused, xla, rtol=tol, atol=tol * float(jnp.abs(xla).max()))
         for a, b in zip(jax.tree_util.tree_leaves(states), jax.tree_util.tree_leaves(xla_states)):
             np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=tol, atol=tol)
@@ -231,15 +245,15 @@ def test_layer_kernels_mode():
 
 def test_chunked_prefill_matches_whole():
     config = TINY
-    params = init_params(jax.random.PRNGKey(3), config, jnp.float32)
+    model = init_model(jax.random.PRNGKey(3), config, jnp.float32)
     tokens = jax.random.randint(jax.random.PRNGKey(4), (1, 16), 0, config.vocab_size)
-    full = _full_logits(params, config, tokens)
+    full = _full_logits(model, tokens)
     attn = BF16Attention()
     states = _states(config, 1, 16)
     lengths = jnp.array([16], jnp.int32)
     for c in range(4):
         ctx = PrefillContext(jnp.int32(4 * c), lengths, 16, whole=False)
-        logits, states = forward(params, tokens[:, 4 * c:4 * c + 4], ctx, states, config=config, attention=attn)
+        logits, states = model(tokens[:, 4 * c:4 * c + 4], ctx, states, attention=attn)
         np.testing.assert_allclose(logits, full[:, 4 * c:4 * c + 4], rtol=1e-4, atol=1e-4)
 
 
@@ -252,8 +266,8 @@ def test_prefix_attention_matches_float64_oracle(b, hkv, g, t, extra, offset, ro
     the float64 oracle, in one query block or several (`logits_budget` sized to give `rows` rows a block, at
     least 16; blocks past T padded), with key blocks of any size (dividing S or not, one block for all of S);
     f32 probabilities for exact products."""
-    from tests.helpers import oracle
     from models.attention import prefix_attention
+    from tests.helpers import oracle
 
     rng = np.random.default_rng(seed)
     d, hq = 16, hkv * g
@@ -274,8 +288,8 @@ def test_prefix_attention_reads_no_key_block_past_the_chunk(rows):
     output finite and equal to the oracle's over clean keys (a chunk at positions 50..79 of a 300-slot staging
     buffer reads blocks of 64 up to slot 127), with one query block or two of 16 rows (the first of them reads
     one key block)."""
-    from tests.helpers import oracle
     from models.attention import prefix_attention
+    from tests.helpers import oracle
 
     rng = np.random.default_rng(7)
     q = rng.standard_normal((2, 4, 30, 16)).astype(np.float32)
@@ -305,21 +319,72 @@ def test_prefix_attention_steps_bound_the_logits_of_a_long_prompt():
 
 
 def test_output_index_selects_rows():
-    params = init_params(jax.random.PRNGKey(5), TINY, jnp.float32)
+    model = init_model(jax.random.PRNGKey(5), TINY, jnp.float32)
     tokens = jax.random.randint(jax.random.PRNGKey(6), (2, 8), 0, TINY.vocab_size)
-    full = _full_logits(params, TINY, tokens)
+    full = _full_logits(model, tokens)
     ctx = PrefillContext(jnp.int32(0), jnp.array([8, 5]), 8, whole=True)
-    last, _ = forward(params, tokens, ctx, _states(TINY, 2, 8), config=TINY, attention=BF16Attention(),
-                      output_index=jnp.array([7, 4]))
+    last, _ = model(tokens, ctx, _states(TINY, 2, 8), attention=BF16Attention(), output_index=jnp.array([7, 4]))
     np.testing.assert_allclose(last, full[jnp.arange(2), jnp.array([7, 4])], rtol=1e-5, atol=1e-5)
 
 
-def test_check_params_names_the_weight():
-    params = init_params(jax.random.PRNGKey(0), TINY, jnp.float32)
-    with pytest.raises(ValueError, match=r"layers\[0\].bqkv"):
-        check_params(params, VARIANTS["qwen2_bias"])
-    with pytest.raises(ValueError, match="lm_head"):
-        check_params(params, VARIANTS["llama_tied"])
+def test_check_model_names_the_weight():
+    model = init_model(jax.random.PRNGKey(0), TINY, jnp.float32)
+    check_model(model)
+    model.config = VARIANTS["qwen2_bias"]  # a config the weights were not made for
+    with pytest.raises(ValueError, match=r"model.layers\[0\].bqkv has shape None, config needs \(2, 4, 16\)"):
+        check_model(model)
+    model.config = VARIANTS["llama_tied"]
+    with pytest.raises(ValueError, match=r"model.lm_head has shape \(48, 97\), config needs None"):
+        check_model(model)
+    model.config = TINY
+    model.layers[1].w_up = nnx.Param(model.layers[1].w_up[...][:, :5])
+    with pytest.raises(ValueError, match=r"model.layers\[1\].w_up has shape \(48, 5\), config needs \(48, 96\)"):
+        check_model(model)
+    with pytest.raises(ValueError, match="model must be a models.Decoder"):
+        check_model({"embed": 0})
+
+
+@pytest.mark.parametrize("name", ["llama_tied", "qwen2_bias", "qwen3_qknorm"])
+def test_init_model_draws_the_modules_own_weights(name):
+    """`init_model` (one compiled program per layer, the module filled abstractly) gives the weights of the
+    module built op by op from the same key, with the structure and logical axes of `abstract_model`."""
+    config = VARIANTS[name]
+    eager = Decoder(config, jnp.float32, rngs=nnx.Rngs(params=jax.random.PRNGKey(11)))
+    key = nnx.Rngs(params=jax.random.PRNGKey(11)).params()  # the key the constructor drew from
+    fast = init_model(key, config, jnp.float32)
+    chex.assert_trees_all_close(nnx.state(fast), nnx.state(eager), rtol=1e-6, atol=1e-6)
+    abstract = abstract_model(config, jnp.float32)
+    assert jax.tree_util.tree_structure(nnx.state(abstract)) == jax.tree_util.tree_structure(nnx.state(fast))
+    chex.assert_trees_all_equal_shapes_and_dtypes(split_model(abstract).weights, split_model(fast).weights)
+    assert fast.layers[0].wqkv.get_metadata()["out_sharding"] == ("embed", "kv_heads", "qkv", "head_dim")
+    assert fast.dtype == jnp.float32 and fast.nbytes() == 4 * config.num_params()
+    with pytest.raises(ValueError, match="init_model: dtype must be floating-point"):
+        init_model(key, config, jnp.int8)
+
+
+def test_split_model_runs_under_jit_with_a_static_model_def():
+    """A jitted function of (ModelDef, weights) merges the module at trace time and gives the eager module's
+    logits; an equal ModelDef from another split (or another model of the config) reuses the compiled program,
+    and the ModelDef's hash is computed once."""
+    model = init_model(jax.random.PRNGKey(5), TINY, jnp.float32)
+    tokens = jax.random.randint(jax.random.PRNGKey(6), (2, 8), 0, TINY.vocab_size)
+    traces = []
+
+    def logits(model_def, weights, tokens):
+        traces.append(1)
+        return _full_logits(model_def.merge(weights), tokens)
+
+    run = jax.jit(logits, static_argnums=0)
+    model_def, weights = split_model(model)
+    assert set(weights) == {"embed", "final_norm", "layers", "lm_head"} and set(weights["layers"]) == {0, 1}
+    chex.assert_trees_all_close(run(model_def, weights, tokens), _full_logits(model, tokens), rtol=1e-5, atol=1e-5)
+    other_def, other_weights = split_model(init_model(jax.random.PRNGKey(7), TINY, jnp.float32))
+    assert other_def == model_def and hash(other_def) == hash(model_def)
+    run(other_def, other_weights, tokens)
+    assert len(traces) == 1
+    assert split_model(init_model(jax.random.PRNGKey(7), VARIANTS["llama_tied"], jnp.float32)).model_def != model_def
+    with pytest.raises(ValueError, match="model must be a models.Decoder"):
+        split_model(weights)
 
 
 @pytest.mark.parametrize("xp", [np, jnp])
@@ -384,18 +449,19 @@ def test_gpu_decode_step_layer_kernels_match_xla(qk_norm):
     config = dataclasses.replace(TINY, architecture="qwen3" if qk_norm else "llama", qk_norm=qk_norm,
                                  hidden_size=4096, intermediate_size=1024, num_heads=32, num_kv_heads=8,
                                  head_dim=128, vocab_size=512)
-    params = init_params(jax.random.PRNGKey(9), config, jnp.bfloat16)
+    model = init_model(jax.random.PRNGKey(9), config, jnp.bfloat16)
     attn = BF16Attention()
     b, p = 3, 20
     tokens = jax.random.randint(jax.random.PRNGKey(10), (b, p + 1), 0, config.vocab_size)
     ctx = PrefillContext(jnp.int32(0), jnp.full((b,), p, jnp.int32), p + 8, whole=True)
     states = tuple(attn.prefill_state(config, b, p, p + 8, jnp.bfloat16, True) for _ in range(config.num_layers))
-    _, states = jax.jit(lambda s: forward(params, tokens[:, :p], ctx, s, config=config, attention=attn))(states)
+    model_def, weights = split_model(model)
+    _, states = jax.jit(lambda w, s: model_def.merge(w)(tokens[:, :p], ctx, s, attention=attn))(weights, states)
     dctx = DecodeContext(jnp.full((b,), p, jnp.int32), jnp.ones((b,), bool))
-    step = jax.jit(lambda s, kernels: forward(params, tokens[:, p:], dctx, s, config=config, attention=attn,
-                                              kernels=kernels), static_argnums=1)
-    xla, xla_states = step(states, "xla")
-    fused, fused_states = step(states, "triton")
+    step = jax.jit(lambda w, s, kernels: model_def.merge(w)(tokens[:, p:], dctx, s, attention=attn, kernels=kernels),
+                   static_argnums=2)
+    xla, xla_states = step(weights, states, "xla")
+    fused, fused_states = step(weights, states, "triton")
     scale = float(jnp.abs(xla).max())
     np.testing.assert_allclose(np.asarray(fused), np.asarray(xla), rtol=0, atol=3e-2 * scale)
     for a, c in zip(jax.tree_util.tree_leaves(fused_states), jax.tree_util.tree_leaves(xla_states)):
@@ -410,13 +476,16 @@ def test_qwen2_yarn_logits_match_transformers():
     from models.hf_loader import load_hf
 
     folder = pathlib.Path(__file__).parent / "fixtures" / "qwen2_yarn_tiny"
-    config, params = load_hf(folder, dtype="float32")
+    model = load_hf(folder, dtype="float32")
+    config = model.config
     assert (config.rope_type, config.rope_factor, config.rope_original_max_position) == ("yarn", 4.0, 64)
     ref = np.load(folder / "reference.npz")
-    logits = np.asarray(_full_logits(params, config, jnp.asarray(ref["tokens"])))[0, ref["positions"]]
+    logits = np.asarray(_full_logits(model, jnp.asarray(ref["tokens"])))[0, ref["positions"]]
     np.testing.assert_allclose(logits, ref["logits"], rtol=1e-4, atol=1e-4 * np.abs(ref["logits"]).max())
-    # without the YaRN scaling the same weights give other logits past the original context
+    # without the YaRN scaling the same weights (the module of the other config, filled with this state) give
+    # other logits past the original context
     plain = dataclasses.replace(config, rope_type="default", rope_attention_factor=1.0)
+    plain_model = nnx.merge(nnx.graphdef(abstract_model(plain, jnp.float32)), nnx.state(model))
     far = ref["positions"] > 64
-    other = np.asarray(_full_logits(params, plain, jnp.asarray(ref["tokens"])))[0, ref["positions"]]
+    other = np.asarray(_full_logits(plain_model, jnp.asarray(ref["tokens"])))[0, ref["positions"]]
     assert np.abs(other[far] - ref["logits"][far]).max() > 0.1

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,8 +27,7 @@ from jax.sharding import PartitionSpec as P
 from hyquant_jax import HyQuantConfig, cli, freeze, sharding
 from hyquant_jax.generate import generate
 from hyquant_jax.model_attention import PromptStaging, make_attention
-from models import BF16Attention, KVBuffer, ModelConfig, init_params
-
+from models import BF16Attention, KVBuffer, ModelConfig, abstract_model, init_model, split_model
 from tests.helpers import sharded_generate_worker as worker  # importing it only reads CASES; no device is touched
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,8 +44,8 @@ def sharded_runs():
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.pop("XLA_FLAGS", None)
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "sharded_generate_worker.py")], capture_output=True, text=True,
-                          timeout=900, env=env, cwd=str(ROOT))
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "sharded_generate_worker.py")],
+                          capture_output=True, text=True, timeout=900, env=env, cwd=str(ROOT))
     rows = {}
     for line in proc.stdout.splitlines():
         if line.startswith("{") and '"case"' in line:
@@ -111,21 +111,56 @@ def test_divisibility_errors_name_the_numbers():
 
 
 @pytest.mark.parametrize("flags", [dict(qkv_bias=True), dict(qk_norm=True), dict(tie_embeddings=True)])
-def test_param_specs_match_the_params_pytree(flags):
+def test_param_specs_come_from_the_modules_logical_axes(flags):
+    """The specs have the weights' structure and are the modules' logical axis names through `logical_rules`:
+    whole GQA groups, heads and MLP columns over "model", the rest replicated (the same for the real model and
+    its abstract form)."""
     config = ModelConfig("qwen3", vocab_size=60, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                          num_kv_heads=2, head_dim=16, **flags)
-    params = init_params(jax.random.PRNGKey(0), config, jnp.float32)
-    specs = sharding.param_specs(config, 2)
+    model = init_model(jax.random.PRNGKey(0), config, jnp.float32)
+    weights = split_model(model).weights
+    specs = sharding.param_specs(model, 2)
+    assert specs == sharding.param_specs(abstract_model(config), 2)
     is_spec = lambda x: isinstance(x, P)  # noqa: E731
-    assert jax.tree_util.tree_structure(specs, is_leaf=is_spec) == jax.tree_util.tree_structure(params)
-    for spec, x in zip(jax.tree_util.tree_leaves(specs, is_leaf=is_spec), jax.tree_util.tree_leaves(params)):
-        assert len(spec) <= x.ndim
-    layer = specs.layers[0]
-    assert layer.wqkv == P(None, "model", None, None) and layer.wo == P("model", None, None)
-    assert layer.w_gate == P(None, "model") and layer.w_down == P("model", None) and specs.embed == P()
+    assert jax.tree_util.tree_structure(specs, is_leaf=is_spec) == jax.tree_util.tree_structure(weights)
+    for spec, x in zip(jax.tree_util.tree_leaves(specs, is_leaf=is_spec), jax.tree_util.tree_leaves(weights)):
+        assert len(spec) == x.ndim
+    layer = specs["layers"][0]
+    assert layer["wqkv"] == P(None, "model", None, None) and layer["wo"] == P("model", None, None)
+    assert layer["w_gate"] == P(None, "model") and layer["w_down"] == P("model", None)
+    assert specs["embed"] == P(None, None) and layer["attn_norm"] == P(None)
+    if config.qkv_bias:
+        assert layer["bqkv"] == P("model", None, None)
+    if config.qk_norm:
+        assert layer["q_norm"] == layer["k_norm"] == P(None)
     if not config.tie_embeddings:
-        assert specs.lm_head == P(None, "model")
-        assert sharding.param_specs(config, 7).lm_head == P()  # 60 % 7: the head stays whole
+        assert specs["lm_head"] == P(None, "model")
+        assert sharding.param_specs(model, 7)["lm_head"] == P(None, None)  # 60 % 7: the head stays whole
+    else:
+        assert "lm_head" not in specs
+
+
+def test_param_specs_refuse_a_weight_without_logical_axes():
+    from flax import nnx
+
+    config = ModelConfig("llama", vocab_size=60, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=4,
+                         num_kv_heads=2, head_dim=16)
+    model = init_model(jax.random.PRNGKey(0), config, jnp.float32)
+    model.layers[0].w_up = nnx.Param(model.layers[0].w_up[...])
+    with pytest.raises(ValueError, match=r"model weight layers.0.w_up \(32, 64\) has logical axes None"):
+        sharding.param_specs(model, 2)
+
+
+def test_init_model_sharded_equals_init_model():
+    config = ModelConfig("qwen3", vocab_size=60, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                         num_kv_heads=2, head_dim=16, qkv_bias=True, qk_norm=True)
+    mesh = sharding.make_mesh("data=1,model=1")
+    sharded = sharding.init_model_sharded(jax.random.PRNGKey(0), config, mesh, jnp.float32)
+    plain = init_model(jax.random.PRNGKey(0), config, jnp.float32)
+    chex.assert_trees_all_close(split_model(sharded).weights, split_model(plain).weights, rtol=1e-6, atol=1e-6)
+    placed = split_model(sharding.shard_model(plain, mesh)).weights
+    assert placed["layers"][0]["wqkv"].sharding.spec == P(None, "model", None, None)
+    assert not isinstance(split_model(plain).weights["embed"].sharding, jax.sharding.NamedSharding)  # untouched
 
 
 def test_state_specs_split_heads_and_sequences():
@@ -164,12 +199,12 @@ def test_shard_state_places_every_array():
 def test_one_device_mesh_generate_equals_plain_generate():
     config = ModelConfig("llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                          num_kv_heads=2, head_dim=16, max_position=512)
-    params = init_params(jax.random.PRNGKey(0), config, jnp.float32)
+    model = init_model(jax.random.PRNGKey(0), config, jnp.float32)
     prompts = [[1, 2, 3, 4, 5], [7, 8]]
     mesh = sharding.make_mesh("data=1,model=1")
     attention = BF16Attention()
-    plain = generate(params, config, prompts, attention=attention, max_new_tokens=6, eos_ids=())
-    sharded = generate(params, config, prompts, attention=attention, max_new_tokens=6, eos_ids=(), mesh=mesh)
+    plain = generate(model, prompts, attention=attention, max_new_tokens=6, eos_ids=())
+    sharded = generate(model, prompts, attention=attention, max_new_tokens=6, eos_ids=(), mesh=mesh)
     assert np.array_equal(plain.tokens, sharded.tokens)
     wrapped = sharding.ShardedAttention(attention, mesh)
     assert hash(wrapped) == hash(sharding.ShardedAttention(BF16Attention(), mesh))
@@ -211,9 +246,8 @@ def test_gpu_sharded_hyquant_equals_single_device(mesh_shape):
     decode kernel's lse), the outputs within the kernels' tolerance, and the decode also against the float
     reference. The shapes make each shard's decode take the Mosaic low-bit kernel (B x local KV heads x pages
     >= MOSAIC_MIN_PAGES)."""
-    from models.attention import DecodeContext, PrefillContext
-
     from hyquant_jax import decode_launch, hybrid_decode_attention_reference
+    from models.attention import DecodeContext, PrefillContext
 
     config = HyQuantConfig()
     b, hq, h, d, s = 4, 32, 8, 128, 16384

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import BF16Attention, PrefillContext, cast_params, forward, load_model
+from models import BF16Attention, PrefillContext, cast_model, load_model
 
 FIXTURE = Path(__file__).parent / "fixtures" / "smollm2_reference.npz"
 
@@ -33,14 +33,14 @@ def smollm2():
         pytest.skip(str(e))
 
 
-def _our_logits(config, params, reference, dtype):
+def _our_logits(model, reference, dtype):
     tokens = jnp.asarray(reference["token_ids"])
     lengths = jnp.asarray(reference["lengths"])
     b, t = tokens.shape
     attn = BF16Attention()
+    config = model.config
     states = tuple(attn.prefill_state(config, b, t, t, dtype, True) for _ in range(config.num_layers))
-    logits, _ = forward(params, tokens, PrefillContext(jnp.int32(0), lengths, t, whole=True), states,
-                        config=config, attention=attn)
+    logits, _ = model(tokens, PrefillContext(jnp.int32(0), lengths, t, whole=True), states, attention=attn)
     return np.asarray(logits)
 
 
@@ -54,15 +54,15 @@ def _relative_errors(ours, reference):
 
 
 def test_tokenizer_matches_transformers(reference, smollm2):
-    _, _, tok = smollm2
+    _, tok = smollm2
     for text, ids, n in zip(reference["texts"], reference["token_ids"], reference["lengths"]):
         assert tok.encode(str(text)) == ids[:n].tolist()
         assert tok.decode(ids[:n].tolist(), skip_special=False) == str(text)
 
 
 def test_float32_logits_match_transformers(reference, smollm2):
-    config, params, _ = smollm2
-    ours = _our_logits(config, params, reference, jnp.float32)
+    model, _ = smollm2
+    ours = _our_logits(model, reference, jnp.float32)
     errors = _relative_errors(ours, reference)
     print(f"SmolLM2 float32 vs transformers: max relative L2 error {errors.max():.2e}")
     assert errors.max() < 1e-2
@@ -71,8 +71,8 @@ def test_float32_logits_match_transformers(reference, smollm2):
 
 
 def test_bfloat16_logits_close_to_transformers(reference, smollm2):
-    config, params, _ = smollm2
-    params = cast_params(params, jnp.bfloat16)  # what load_model(None, "bfloat16") returns
-    errors = _relative_errors(_our_logits(config, params, reference, jnp.bfloat16), reference)
+    model, _ = smollm2
+    model = cast_model(model, jnp.bfloat16)  # what load_model(None, "bfloat16") returns
+    errors = _relative_errors(_our_logits(model, reference, jnp.bfloat16), reference)
     print(f"SmolLM2 bfloat16 vs transformers: max relative L2 error {errors.max():.2e}")
     assert errors.max() < 0.1

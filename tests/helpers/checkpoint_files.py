@@ -10,7 +10,7 @@ import numpy as np
 from models.config import ModelConfig
 from models.gguf_loader import gguf_name, llama_cpp_permute
 from models.hf_loader import hf_name
-from models.transformer import Params, split_qkv
+from models.transformer import Decoder, split_qkv
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
@@ -19,14 +19,16 @@ CORPUS = ["The quick brown fox jumps over the lazy dog. " * 3, "Hello world! Hel
           "Numbers like 12345 and 2024 appear in text; so do tabs\tand newlines\n.", "def f(x):\n    return x * 2\n"]
 
 
-def numpy_weights(params: Params, config: ModelConfig) -> dict[str, np.ndarray]:
-    """Params -> short-name float32 arrays in torch Linear layout ([out, in])."""
-    e = config.hidden_size
-    out = {"embed": np.asarray(params.embed, np.float32), "final_norm": np.asarray(params.final_norm, np.float32)}
-    if params.lm_head is not None:
-        out["lm_head"] = np.asarray(params.lm_head, np.float32).T
-    for i, layer in enumerate(params.layers):
-        a = {k: None if v is None else np.asarray(v, np.float32) for k, v in vars(layer).items()}
+def numpy_weights(model: Decoder) -> dict[str, np.ndarray]:
+    """A model's weights -> short-name float32 arrays in torch Linear layout ([out, in])."""
+    e = model.config.hidden_size
+    out = {"embed": np.asarray(model.embed[...], np.float32),
+           "final_norm": np.asarray(model.final_norm[...], np.float32)}
+    if model.lm_head is not None:
+        out["lm_head"] = np.asarray(model.lm_head[...], np.float32).T
+    names = ("attn_norm", "wqkv", "wo", "bqkv", "q_norm", "k_norm", "mlp_norm", "w_gate", "w_up", "w_down")
+    for i, layer in enumerate(model.layers):
+        a = {k: None if getattr(layer, k) is None else np.asarray(getattr(layer, k)[...], np.float32) for k in names}
         a["wq"], a["wk"], a["wv"] = split_qkv(a.pop("wqkv"))
         a["bq"], a["bk"], a["bv"] = (None,) * 3 if a["bqkv"] is None else split_qkv(a["bqkv"])
         out.update({f"{i}.q": a["wq"].reshape(e, -1).T, f"{i}.k": a["wk"].reshape(e, -1).T,
@@ -53,15 +55,16 @@ def hf_config_dict(config: ModelConfig) -> dict:
     return d
 
 
-def write_hf_folder(folder: Path, params: Params, config: ModelConfig, shards: int = 1, dtype=np.float32) -> Path:
-    """config.json + model.safetensors (shards == 1) or sharded files with an index."""
+def write_hf_folder(folder: Path, model: Decoder, shards: int = 1, dtype=np.float32) -> Path:
+    """config.json + model.safetensors (shards == 1) or sharded files with an index, of model (its config)."""
     import ml_dtypes
     from safetensors.numpy import save_file
 
+    config = model.config
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(hf_config_dict(config)))
     tensors = {hf_name(k): v.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
-               for k, v in numpy_weights(params, config).items()}
+               for k, v in numpy_weights(model).items()}
     tensors["model.rotary_emb.inv_freq"] = np.ones(config.head_dim // 2, np.float32)  # ignored extras are fine
     names = sorted(tensors)
     if shards == 1:
@@ -100,11 +103,12 @@ def vocab_and_merges(tok) -> tuple[list[str], list[str]]:
     return [t for t, _ in vocab], merges
 
 
-def write_gguf(path: Path, params: Params, config: ModelConfig, types: dict[str, str] | None = None,
+def write_gguf(path: Path, model: Decoder, types: dict[str, str] | None = None,
                arch: str = "llama", tokenizer=None, pre: str = "gpt2",
                raw: dict[str, tuple[str, np.ndarray]] | None = None,
                spm: tuple[list[str], list[float], list[int]] | None = None) -> Path:
-    """A GGUF like llama.cpp's converter writes (Q/K rows permuted for the llama architecture).
+    """A GGUF of model (its weights and config) like llama.cpp's converter writes (Q/K rows permuted for the
+    llama architecture).
 
     types: short weight name (or its kind, e.g. "q", "gate") -> GGML type name; default F32.
     raw: short weight name -> (GGML type name, uint8 blocks [rows, bytes per row]) written as they are, in
@@ -115,6 +119,7 @@ def write_gguf(path: Path, params: Params, config: ModelConfig, types: dict[str,
     import gguf
     from gguf import GGMLQuantizationType, quants
 
+    config = model.config
     types = types or {}
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(config.num_layers)
@@ -154,7 +159,7 @@ def write_gguf(path: Path, params: Params, config: ModelConfig, types: dict[str,
         w.add_unk_token_id(0)
         w.add_bos_token_id(1)
         w.add_eos_token_id(2)
-    for short, arr in numpy_weights(params, config).items():
+    for short, arr in numpy_weights(model).items():
         kind = short.split(".")[-1]
         if arch == "llama" and kind in ("q", "q_bias"):
             arr = llama_cpp_permute(arr, config.num_heads)

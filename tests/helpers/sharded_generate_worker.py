@@ -27,7 +27,7 @@ from hyquant_jax import HyQuantConfig, sharding  # noqa: E402
 from hyquant_jax.generate import decode, generate, pad_prompts, prefill  # noqa: E402
 from hyquant_jax.model_attention import make_attention  # noqa: E402
 from hyquant_jax.sampling import SamplingConfig  # noqa: E402
-from models import ModelConfig, init_params  # noqa: E402
+from models import ModelConfig, init_model, split_model  # noqa: E402
 
 # Hq 8 / Hkv 4: model axes 1, 2, 4 split the KV heads; vocab 90 splits over 2 but not 4 (lm_head then replicated).
 CONFIG = ModelConfig("qwen3", vocab_size=90, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=8,
@@ -70,7 +70,7 @@ def _attention(kind: str):
 
 def _model(kind: str):
     config = KERNEL_CONFIG if kind == "hyquant-interpret" else CONFIG
-    return config, init_params(jax.random.PRNGKey(0), config, jnp.float32)
+    return init_model(jax.random.PRNGKey(0), config, jnp.float32)
 
 
 def _prompts(config: ModelConfig):
@@ -84,8 +84,8 @@ _REFERENCE = {}
 def _reference(kind: str, chunk: int) -> np.ndarray:
     """Single-device greedy tokens (cached per attention kind and prefill chunk)."""
     if (kind, chunk) not in _REFERENCE:
-        config, params = _model(kind)
-        res = generate(params, config, _prompts(config), attention=_attention(kind), max_new_tokens=NEW_TOKENS,
+        model = _model(kind)
+        res = generate(model, _prompts(model.config), attention=_attention(kind), max_new_tokens=NEW_TOKENS,
                        eos_ids=(), prefill_chunk=chunk)
         _REFERENCE[kind, chunk] = res.tokens
     return _REFERENCE[kind, chunk]
@@ -112,19 +112,29 @@ def _check_layout(states, mesh) -> str | None:
 
 def _manual(kind: str, mesh, chunk: int):
     """prefill + decode by hand with sharded inputs; checks that the decode donates the sharded states."""
-    config, params = _model(kind)
-    params, attention = sharding.prepare(params, config, _attention(kind), mesh, len(PROMPT_LENGTHS))
-    tokens, lengths = pad_prompts(_prompts(config), chunk=chunk)
+    model, attention = sharding.prepare(_model(kind), _attention(kind), mesh, len(PROMPT_LENGTHS))
+    model_def, weights = split_model(model)
+    tokens, lengths = pad_prompts(_prompts(model.config), chunk=chunk)
     tokens, lengths = sharding.put_batch(tokens, mesh), sharding.put_batch(lengths, mesh)
     key = sharding.put_replicated(jax.random.PRNGKey(0), mesh)
-    static = dict(config=config, attention=attention, sampling=SamplingConfig())
+    static = dict(attention=attention, sampling=SamplingConfig())
     max_len = int(tokens.shape[1]) + NEW_TOKENS
-    first, _, states = prefill(params, tokens, lengths, key, chunk=chunk, max_len=max_len, **static)
-    layout = _check_layout(states, mesh)
-    new_states, out, _, _, _ = decode(params, states, first, lengths, key, max_new_tokens=NEW_TOKENS, eos_ids=(),
-                                      pad_id=0, **static)
+    first, _, states = prefill(model_def, weights, tokens, lengths, key, chunk=chunk, max_len=max_len, **static)
+    layout = _check_layout(states, mesh) or _check_weights(weights, model, mesh)
+    new_states, out, _, _, _ = decode(model_def, weights, states, first, lengths, key, max_new_tokens=NEW_TOKENS,
+                                      eos_ids=(), pad_id=0, **static)
     donated = all(x.is_deleted() for x in jax.tree_util.tree_leaves(states))
     return np.asarray(out), layout or _check_layout(new_states, mesh), donated
+
+
+def _check_weights(weights, model, mesh) -> str | None:
+    """None if every weight sits on `mesh` as `sharding.param_specs` of the model says."""
+    specs = sharding.param_specs(model, sharding.mesh_sizes(mesh)[1])
+    is_spec = lambda x: isinstance(x, jax.sharding.PartitionSpec)  # noqa: E731
+    for x, spec in zip(jax.tree_util.tree_leaves(weights), jax.tree_util.tree_leaves(specs, is_leaf=is_spec)):
+        if not x.sharding.is_equivalent_to(jax.sharding.NamedSharding(mesh, spec), x.ndim):
+            return f"weight {x.shape} has sharding {x.sharding}, expected {spec}"
+    return None
 
 
 def _cli(shape: str) -> dict:
@@ -134,15 +144,15 @@ def _cli(shape: str) -> dict:
     import tempfile
     from pathlib import Path
 
-    from tests.helpers.checkpoint_files import train_tokenizer, write_gguf
     from hyquant_jax import cli
+    from tests.helpers.checkpoint_files import train_tokenizer, write_gguf
 
     tok = train_tokenizer()
     config = ModelConfig("llama", vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128,
                          num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, max_position=4096)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "tiny.gguf"
-        write_gguf(path, init_params(jax.random.PRNGKey(0), config, jnp.float32), config, tokenizer=tok)
+        write_gguf(path, init_model(jax.random.PRNGKey(0), config, jnp.float32), tokenizer=tok)
         runs = []
         for mesh in (None, shape):
             out = Path(tmp) / f"{mesh}.json"
@@ -177,10 +187,10 @@ def run_case(name: str) -> dict:
             return {"ok": True, "detail": str(e)}
         return {"ok": False, "detail": "no ValueError"}
     if kind is None:
-        config, params = _model("bf16")
-        prompts = _prompts(config)[:3] if name == "error-batch" else _prompts(config)
+        model = _model("bf16")
+        prompts = _prompts(model.config)[:3] if name == "error-batch" else _prompts(model.config)
         try:
-            generate(params, config, prompts, attention=_attention("bf16"), max_new_tokens=2, mesh=mesh)
+            generate(model, prompts, attention=_attention("bf16"), max_new_tokens=2, mesh=mesh)
         except ValueError as e:
             return {"ok": True, "detail": str(e)}
         return {"ok": False, "detail": "no ValueError"}
@@ -191,8 +201,8 @@ def run_case(name: str) -> dict:
         ok = np.array_equal(got, ref) and layout is None and donated
         return {"ok": bool(ok), "detail": {"equal": bool(np.array_equal(got, ref)), "layout": layout,
                                            "donated": donated, "got": got.tolist(), "ref": ref.tolist()}}
-    config, params = _model(kind)
-    res = generate(params, config, _prompts(config), attention=_attention(kind), max_new_tokens=NEW_TOKENS,
+    model = _model(kind)
+    res = generate(model, _prompts(model.config), attention=_attention(kind), max_new_tokens=NEW_TOKENS,
                    eos_ids=(), prefill_chunk=chunk, mesh=mesh, keep_states=True)
     layout = _check_layout(res.states, mesh)
     equal = np.array_equal(res.tokens, ref)
