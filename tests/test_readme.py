@@ -1,5 +1,5 @@
-"""The README's examples run as written (reference path on CPU): the first python block under "## Using the library"
-and the one under "## Whole models from Python"; its results table is what benchmarks/report.py gives."""
+"""The README's examples run as written (reference path on CPU): the first python block under "## Using the library",
+"## Whole models from Python" and "## Flax"; its results table is what benchmarks/report.py gives."""
 
 import pathlib
 
@@ -51,3 +51,10 @@ def test_readme_and_results_page_are_what_the_results_files_give():
 def test_readme_size():
     text = README.read_text()
     assert len(text.encode()) <= 25_000 and len(text.splitlines()) <= 250
+
+
+def test_readme_flax_example_runs(capsys):
+    ns = {}
+    exec(compile(python_block("## Flax"), "README.md", "exec"), ns)  # noqa: S102
+    assert capsys.readouterr().out.strip() == "(2, 600, 256) (2, 1, 256) [604 454]"
+    assert not bool(ns["cache"].overflowed.any())
