@@ -73,7 +73,7 @@ class Haystack:
     tokens: tuple[int, ...]
 
     @classmethod
-    def from_folder(cls, folder: Path, tokenizer) -> "Haystack":
+    def from_folder(cls, folder: Path, tokenizer) -> Haystack:
         files = require_dir(folder, "--essays")
         text = "\n".join(f.read_text(encoding="utf-8", errors="replace") for f in files)
         sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+", text) if len(s.strip()) > 1]

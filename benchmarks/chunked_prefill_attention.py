@@ -35,8 +35,15 @@ import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import (add_output_sum, default_name, environment, load_module, output_folder,  # noqa: E402
-                               time_in_loop, write_json)
+from benchmarks.common import (  # noqa: E402
+    add_output_sum,
+    default_name,
+    environment,
+    load_module,
+    output_folder,
+    time_in_loop,
+    write_json,
+)
 from models.attention import KEY_BLOCK, prefix_attention  # noqa: E402
 from pallas_kernels.prefix import key_tile  # noqa: E402
 from pallas_kernels.prefix import prefix_attention as fused_prefix_attention  # noqa: E402

@@ -32,11 +32,10 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import hyquant_jax as hq  # noqa: E402
-from benchmarks.common import (default_name, environment, output_folder, time_in_loop, time_per_call,  # noqa: E402
-                               write_json)
+from benchmarks.common import default_name, environment, output_folder, time_in_loop, time_per_call, write_json  # noqa: E402
 from benchmarks.read_bandwidth import read_bandwidth  # noqa: E402
-from hyquant_jax.decode_launch import (  # noqa: E402
-    DecodeTuning, decode_attention as kernel_decode, decode_layout, use_mosaic_low_bit)
+from hyquant_jax.decode_launch import DecodeTuning, decode_layout, use_mosaic_low_bit  # noqa: E402
+from hyquant_jax.decode_launch import decode_attention as kernel_decode
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -236,7 +235,8 @@ def parse_tunings(spec: str) -> list[DecodeTuning]:
         for kv in filter(None, (x.strip() for x in item.split(","))):
             key, _, value = kv.partition("=")
             if key not in TUNING_KEYS or not value:
-                raise ValueError(f"--compare-tunings: bad item {kv!r}; expected key=value with key in {sorted(TUNING_KEYS)}")
+                raise ValueError(f"--compare-tunings: bad item {kv!r}; expected key=value with key in "
+                                 f"{sorted(TUNING_KEYS)}")
             fields[TUNING_KEYS[key]] = value if key in STRING_KEYS else int(value)
         out.append(DecodeTuning(**fields))
     return out
@@ -330,8 +330,9 @@ def table(rows) -> str:
         def ms(m):
             return f"{r[m]['loop_ms']:.4f}" if "loop_ms" in r.get(m, {}) else "n/a"
         sp = r["hybrid"].get("speedup_vs_best_bf16", float("nan"))
+        tb = r["hybrid"].get("tb_per_s", float("nan"))
         lines.append(f"{r['case']:<20} {ms('hybrid'):>9} {ms('hybrid_triton'):>9} {ms('cudnn'):>9} "
-                     f"{ms('pallas'):>9} {ms('xla'):>9} {ms('kivi4'):>9} {sp:>7.2f}x {r['hybrid'].get('tb_per_s', float('nan')):>9.2f} "
+                     f"{ms('pallas'):>9} {ms('xla'):>9} {ms('kivi4'):>9} {sp:>7.2f}x {tb:>9.2f} "
                      f"{r['hybrid_rel_err_vs_reference']:>8.1e}")
     return "\n".join(lines)
 

@@ -71,12 +71,11 @@ from jax import lax  # noqa: E402
 
 from benchmarks.common import default_name, environment, output_folder  # noqa: E402
 from benchmarks.trace import breakdown, profiled  # noqa: E402
-
 from hyquant_jax import prefill_launch as pk  # noqa: E402
 from hyquant_jax import reference, vti  # noqa: E402
 from hyquant_jax.attention import prefill_attention
-from hyquant_jax.prefill_launch import MOSAIC_PREFILL  # noqa: E402
 from hyquant_jax.config import HyQuantConfig  # noqa: E402
+from hyquant_jax.prefill_launch import MOSAIC_PREFILL  # noqa: E402
 from pallas_kernels import prefill_mgpu as mgpu  # noqa: E402
 
 with warnings.catch_warnings():
@@ -555,7 +554,7 @@ def print_table(payload, lengths):
         log(f"  {r['case']:<24} tuning={r.get('tuning')} rel_err={r.get('rel_err', float('nan')):.2e} "
             f"nan={r.get('nan')} ok={r['ok']} {r.get('error', '')[:200]}")
     if payload["sweep"]:
-        log("\n=== block sweep (T=%d) ===" % payload["sweep_length"])
+        log(f"\n=== block sweep (T={payload['sweep_length']}) ===")
         for r in payload["sweep"]:
             log(f"  {r['method']:<16} {str(r['tuning']):<18} loop_ms={r.get('loop_ms', float('nan')):8.3f} "
                 f"compile_s={r.get('compile_s', float('nan')):5.1f} {r.get('error', '')[:120]}")

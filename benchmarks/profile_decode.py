@@ -27,7 +27,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import environment, jitted_loop, write_json  # noqa: E402
 from benchmarks.decode_kernel import (  # noqa: E402
-    CASES, CONFIG, INTERPRET, SMOKE_CASES, cudnn_attention, hybrid_fn, make_inputs, xla_attention,
+    CASES,
+    CONFIG,
+    INTERPRET,
+    SMOKE_CASES,
+    cudnn_attention,
+    hybrid_fn,
+    make_inputs,
+    xla_attention,
 )
 from benchmarks.trace import breakdown, profiled  # noqa: E402
 from hyquant_jax.decode_launch import DecodeTuning, decode_attention, decode_layout  # noqa: E402

@@ -26,8 +26,7 @@ import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import (add_output_sum, default_name, environment, output_folder,  # noqa: E402
-                               time_in_loop, write_json)
+from benchmarks.common import add_output_sum, default_name, environment, output_folder, time_in_loop, write_json  # noqa: E402
 
 FORMS = ("rows", "gemv", "gemv_wide")
 

@@ -238,7 +238,7 @@ def _mark_page(ctx, above, mark, flags):
 
 def _f32_hex(x: float) -> str:
     """A float32 constant as a PTX immediate (0f + its IEEE bits)."""
-    return "0f%08X" % int(np.float32(x).view(np.uint32))
+    return f"0f{int(np.float32(x).view(np.uint32)):08X}"
 
 
 def _prepare_query(ctx, natural, out, *, group: int, scale: float):

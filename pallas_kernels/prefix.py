@@ -4,8 +4,8 @@ queries over the key slots staged so far.
 Query row t (absolute position q_pos[t]) sees key slots 0 .. q_pos[t]. One program takes `block_q` rows of
 one KV head's group of query heads (the group's heads at consecutive positions, so each key tile it loads
 serves every head of the group) and runs a base-2 online softmax over key tiles of `block_k` slots, only up
-to the tile that holds the block's last position: tiles every row sees whole run without a mask, the rest with the causal
-mask. The float32 logits stay in registers, where `models.prefix_attention` (the XLA reference) writes a
+to the tile that holds the block's last position: tiles every row sees whole run without a mask, the rest with
+the causal mask. The float32 logits stay in registers, where `models.prefix_attention` (the XLA reference) writes a
 step's logits to memory and reads them back for the softmax and the P.V product.
 
 Triton lowering rules kept (as in `prefill.py`): power-of-two block reads from refs, dot operands with dims

@@ -22,9 +22,8 @@ sys.path.insert(0, str(ROOT))
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
-    from models import default_model_path
-
     from benchmarks import accuracy as bench
+    from models import default_model_path
     try:
         default_model_path()
     except ValueError as e:

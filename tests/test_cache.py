@@ -18,12 +18,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import oracle
-from tests.helpers.hq_helpers import Harness, config, j32, ji32, normal, region_ids, rng, with_ring_score
-from hyquant_jax.cache import (accumulate_ring_scores, append, capacities, flush_full_rings, freeze,
-                               steps_until_full, worst_history)
+from hyquant_jax.cache import (
+    accumulate_ring_scores,
+    append,
+    capacities,
+    flush_full_rings,
+    freeze,
+    steps_until_full,
+    worst_history,
+)
 from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.reference import hybrid_decode_attention_reference
+from tests.helpers import oracle
+from tests.helpers.hq_helpers import Harness, config, j32, ji32, normal, region_ids, rng, with_ring_score
 
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow],
                     derandomize=True)

@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.helpers import oracle
 from hyquant_jax.config import HyQuantConfig, num_vl_tokens
+from tests.helpers import oracle
 
 
 def test_defaults_are_valid_and_documented_values():

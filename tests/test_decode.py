@@ -13,7 +13,8 @@ import pytest
 
 import hyquant_jax as hq
 from hyquant_jax.cache import ring_valid
-from hyquant_jax.decode_launch import DecodeTuning, decode_attention as kernel_decode
+from hyquant_jax.decode_launch import DecodeTuning
+from hyquant_jax.decode_launch import decode_attention as kernel_decode
 
 
 def _cache(key, batch, q_heads, kv_heads, head_dim, lengths, config, appends=0, max_len=None, dtype=jnp.float32):
@@ -300,7 +301,9 @@ def test_interpret_new_token_equals_appending_first(appends):
     with pytest.raises(ValueError, match="new_token must be"):
         kernel_decode(qd, cache, config, interpret=True, new_token=(k[:, :1], v, jnp.ones((3,), bool)))
     slot = jnp.zeros((3,), jnp.int32)
-    run = lambda **kw: kernel_decode(qd, cache, config, interpret=True, ring_logits=True, **kw)
+    def run(**kw):
+        return kernel_decode(qd, cache, config, interpret=True, ring_logits=True, **kw)
+
     with pytest.raises(ValueError, match=r"token_slot must be int32 \[B\]=\(3,\)"):
         run(new_token=(k, v, active), token_slot=slot[:2])
     with pytest.raises(ValueError, match="without new_token"):

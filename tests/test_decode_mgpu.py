@@ -1,4 +1,5 @@
-"""The Mosaic GPU low-bit decode kernel (`pallas_kernels/decode_mgpu.py`) and its launch planner `hyquant_jax.decode_launch`.
+"""The Mosaic GPU low-bit decode kernel (`pallas_kernels/decode_mgpu.py`) and its launch planner
+(`hyquant_jax.decode_launch`).
 
 The kernel's unpack is inline PTX, which no interpreter runs, so on CPU: the channel orders it relies on,
 its lowering for CUDA (Mosaic GPU's layout inference and lowering run in Python), its float64 oracle, the
@@ -58,7 +59,8 @@ def test_channel_orders_are_permutations():
     # lane column j are exactly those 32 dims.
     for j in range(4):
         v = [x for x in range(128) if (x // 2) % 4 == j]
-        assert sorted(dm.KEY_CHANNELS[v]) == sorted(list(range(16 * j, 16 * j + 16)) + list(range(64 + 16 * j, 80 + 16 * j)))
+        want = list(range(16 * j, 16 * j + 16)) + list(range(64 + 16 * j, 80 + 16 * j))
+        assert sorted(dm.KEY_CHANNELS[v]) == sorted(want)
 
 
 @pytest.mark.parametrize("splits,stages", [(1, 1), (3, 2), (8, 4), (2, 3)])

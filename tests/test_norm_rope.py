@@ -4,16 +4,15 @@ GPU (`pytest -m gpu`)."""
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers.hq_helpers import rng
 from models.layers import apply_rope, rms_norm
 from pallas_kernels.norm_rope import add_rms_norm, fits, qk_norm_rope
+from tests.helpers.hq_helpers import rng
 
 EPS = 1e-6
 

@@ -2,8 +2,8 @@
 
 CPU (CI): GPU interpret mode (one warpgroup per CTA that copies and then computes each step: the
 same math and masks, see the kernel's docstring) against the jnp reference on small shapes, in a
-child process (`mgpu_interpret_cases.py`), and lowering for CUDA at real shapes (warp-specialized). GPU (`pytest -m gpu`): the
-compiled kernel against the reference, incl. non-multiple-of-64 lengths and ragged batches.
+child process (`mgpu_interpret_cases.py`), and lowering for CUDA at real shapes (warp-specialized). GPU
+(`pytest -m gpu`): the compiled kernel against the reference, incl. non-multiple-of-64 lengths and ragged batches.
 Inputs and tolerances as in test_prefill.py (lossy on purpose: a wrong segment shows).
 """
 

@@ -7,16 +7,15 @@ Qwen3-8B head shape against the XLA path and the oracle.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
-from tests.helpers import oracle
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models.attention import prefix_attention as xla_prefix_attention
 from pallas_kernels.prefix import prefix_attention
+from tests.helpers import oracle
 
 
 def _inputs(rng, b, hq, hkv, t, s, d, dtype=np.float32):

@@ -7,7 +7,6 @@ midpoint); tests also check that such flags are rare, so the allowance is not va
 
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -16,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hyquant_jax import quant
 from tests.helpers import oracle
 from tests.helpers.hq_helpers import rng
-from hyquant_jax import quant
 
 SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow],
                     derandomize=True)

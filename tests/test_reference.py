@@ -14,8 +14,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import oracle
-from tests.helpers.hq_helpers import Harness, assert_close, config, grid_normal, j32, ji32, normal, rng, vl_sets
 from hyquant_jax import attention
 from hyquant_jax.cache import accumulate_ring_scores, append, freeze
 from hyquant_jax.reference import (
@@ -26,6 +24,8 @@ from hyquant_jax.reference import (
     uniform_quantized_prefill_reference,
 )
 from hyquant_jax.vti import tail_queries, tail_query_count, vertical_token_identification
+from tests.helpers import oracle
+from tests.helpers.hq_helpers import Harness, assert_close, config, grid_normal, j32, ji32, normal, rng, vl_sets
 
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow],
                     derandomize=True)

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hyquant_jax.vti import max_vl_count, tail_queries, tail_query_count, vertical_token_identification
 from tests.helpers import oracle
 from tests.helpers.hq_helpers import config, j32, ji32, normal, rng
-from hyquant_jax.vti import max_vl_count, tail_queries, tail_query_count, vertical_token_identification
 
 SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow],
                     derandomize=True)

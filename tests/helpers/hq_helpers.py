@@ -18,10 +18,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tests.helpers import oracle
 from hyquant_jax.cache import HybridKVCache, append, freeze, low_bit_valid, ring_valid, vl_valid
 from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.vti import tail_queries, tail_query_count, vertical_token_identification
+from tests.helpers import oracle
 
 F32_RTOL = 1e-4
 F32_ATOL_REL = 1e-4
@@ -310,7 +310,9 @@ class Harness:
 
     def step_tokens(self):
         pos = np.minimum(np.asarray(self.sim.length), self.k.shape[2] - 1)  # (clipped only for overflow tests)
-        take = lambda x: np.take_along_axis(x, pos[:, None, None, None], axis=2)[:, :, 0]
+        def take(x):
+            return np.take_along_axis(x, pos[:, None, None, None], axis=2)[:, :, 0]
+
         return take(self.k), take(self.v), pos
 
     def append(self, active=None, random_scores=False):

@@ -22,8 +22,16 @@ from hyquant_jax import prefill_launch as pk
 from hyquant_jax import reference
 from hyquant_jax.config import HyQuantConfig
 from pallas_kernels.prefill_mgpu import int32_to_float_magic
-from tests.test_prefill import (TOL, check_output, make_inputs, poison_padding, random_vl, rel_err,
-                                       run_against_reference, vti_vl)
+from tests.test_prefill import (
+    TOL,
+    check_output,
+    make_inputs,
+    poison_padding,
+    random_vl,
+    rel_err,
+    run_against_reference,
+    vti_vl,
+)
 
 
 def _cfg(**kw):
