@@ -80,25 +80,6 @@ def test_eos_stops_each_sequence(model, prompts):
     assert np.array_equal(res.cache_lengths, res.prompt_lengths + res.lengths - 1)
 
 
-@pytest.mark.parametrize("kind", ["bf16", "hyquant"])
-def test_streaming_gives_the_same_tokens(model, prompts, kind):
-    """generate(on_tokens=...) decodes in calls of stream_chunk steps of one compiled loop: the streamed pieces add
-    up to each sequence, and the tokens equal those of one decode call, greedy and sampled, with a stop token."""
-    attn = make_attention(kind, SMALL_HQ)
-    hot = SamplingConfig(temperature=0.8, top_k=20)
-    for sampling, eos in ((SamplingConfig(), ()), (hot, ()), (SamplingConfig(), None)):
-        whole = _run(model, prompts, attn, n=21, sampling=sampling, seed=4, eos_ids=eos or ())
-        if eos is None:  # a token the first sequence generates mid-way stops it there
-            eos = (whole.sequences()[0][9],)
-            whole = _run(model, prompts, attn, n=21, sampling=sampling, seed=4, eos_ids=eos)
-        pieces = []
-        streamed = _run(model, prompts, attn, n=21, sampling=sampling, seed=4, eos_ids=eos, stream_chunk=4,
-                        on_tokens=pieces.append)
-        assert streamed.sequences() == whole.sequences()
-        assert [sum((p[i] for p in pieces), []) for i in range(len(prompts))] == whole.sequences()
-        assert len(pieces) > 2
-
-
 def test_eos_as_first_token_and_single_new_token(model, prompts):
     first = _run(model, prompts, BF16Attention(), n=1)
     assert first.tokens.shape == (3, 1) and np.all(first.lengths == 1) and first.decode_steps == 0
@@ -189,14 +170,14 @@ def test_generate_sizes_the_cache_for_the_shortest_prompt(monkeypatch):
 @pytest.mark.parametrize("kind,sampling,chunk", [("hyquant", SamplingConfig(), 5),
                                                  ("bf16", SamplingConfig(temperature=0.9, top_k=30), 7),
                                                  ("hyquant", SamplingConfig(temperature=0.7), 16)])
-def test_streaming_gives_the_tokens_of_one_call(params, prompts, kind, sampling, chunk):
+def test_streaming_gives_the_tokens_of_one_call(model, prompts, kind, sampling, chunk):
     """generate(on_tokens=...) decodes in calls of `chunk` steps and hands over each call's new tokens: their
     concatenation is each sequence's result, the same tokens as one call (sampled ones too: a token's key is
     its position's), also when sequences stop at a stop token in different calls."""
     attn = make_attention(kind, SMALL_HQ)
-    whole = _run(params, prompts, attn, n=23, sampling=sampling, seed=4)
+    whole = _run(model, prompts, attn, n=23, sampling=sampling, seed=4)
     eos = (int(whole.tokens[0, 9]),)  # a token sequence 0 generates: at least one sequence stops early
-    whole = _run(params, prompts, attn, n=23, sampling=sampling, seed=4, eos_ids=eos)
+    whole = _run(model, prompts, attn, n=23, sampling=sampling, seed=4, eos_ids=eos)
     seen = [[] for _ in prompts]
     calls = []
 
@@ -205,7 +186,7 @@ def test_streaming_gives_the_tokens_of_one_call(params, prompts, kind, sampling,
         for s, x in zip(seen, new):
             s += x
 
-    streamed = _run(params, prompts, attn, n=23, sampling=sampling, seed=4, eos_ids=eos, on_tokens=on_tokens,
+    streamed = _run(model, prompts, attn, n=23, sampling=sampling, seed=4, eos_ids=eos, on_tokens=on_tokens,
                     stream_chunk=chunk)
     assert seen == whole.sequences() == streamed.sequences()
     np.testing.assert_array_equal(streamed.tokens, whole.tokens)
@@ -214,20 +195,20 @@ def test_streaming_gives_the_tokens_of_one_call(params, prompts, kind, sampling,
     assert min(len(s) for s in seen) < 23  # the stop token ended a sequence
 
 
-def test_streaming_argument_errors(params, prompts):
+def test_streaming_argument_errors(model, prompts):
     with pytest.raises(ValueError, match="on_tokens must be None or a callable"):
-        _run(params, prompts, BF16Attention(), on_tokens=[])
+        _run(model, prompts, BF16Attention(), on_tokens=[])
     with pytest.raises(ValueError, match="stream_chunk must be an int >= 2"):
-        _run(params, prompts, BF16Attention(), on_tokens=print, stream_chunk=1)
+        _run(model, prompts, BF16Attention(), on_tokens=print, stream_chunk=1)
 
 
-def test_sampled_tokens_do_not_depend_on_the_batch(params, prompts):
+def test_sampled_tokens_do_not_depend_on_the_batch(model, prompts):
     """Each sampled token draws with a key of its position, so a sequence samples the same tokens alone as in
     a batch (as greedy tokens do)."""
     hot = SamplingConfig(temperature=1.0)
-    batch = _run(params, prompts, BF16Attention(), n=12, sampling=hot, seed=2)
+    batch = _run(model, prompts, BF16Attention(), n=12, sampling=hot, seed=2)
     for i, p in enumerate(prompts):
-        alone = _run(params, [p], BF16Attention(), n=12, sampling=hot, seed=2)
+        alone = _run(model, [p], BF16Attention(), n=12, sampling=hot, seed=2)
         assert alone.sequences()[0] == batch.sequences()[i]
 
 
