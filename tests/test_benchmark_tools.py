@@ -300,7 +300,7 @@ def test_profile_e2e_takes_methods_and_dumps_events_in_order(tmp_path):
 def test_decode_memory_lists_large_buffers_outside_the_loops():
     """benchmarks/decode_memory.py: the ENTRY computation's non-parameter results of at least min_bytes, with
     their sizes; parameters, bitcasts, tuples and the loop bodies' instructions are not listed."""
-    from benchmarks.hlo import large_entry_buffers
+    from benchmarks.decode_memory import large_entry_buffers
 
     hlo = """HloModule m
 

@@ -1,4 +1,4 @@
-"""The HLO-text helpers of benchmarks/hlo.py."""
+"""The HLO-text helpers of benchmarks/decode_memory.py."""
 
 import re
 
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import pytest
 from jax import lax
 
-from benchmarks.hlo import branch_launches, computation, copies, launches, while_bodies
+from benchmarks.decode_memory import branch_launches, computation, copies, launches, while_bodies
 
 
 def test_copies_parses_shape_operand_and_op():
