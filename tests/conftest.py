@@ -29,3 +29,20 @@ def _release_compiled_programs():
     yield
     jax.clear_caches()
     gc.collect()
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    """(path, config) of a 2-layer llama GGUF with a trained BPE tokenizer: a real checkpoint file in seconds."""
+    import jax.numpy as jnp
+
+    from models import ModelConfig, init_model
+    from tests.helpers.checkpoint_files import train_tokenizer, write_gguf
+
+    tok = train_tokenizer()
+    config = ModelConfig("llama", vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128,
+                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, max_position=4096)
+    path = tmp_path_factory.mktemp("ckpt") / "tiny.gguf"
+    write_gguf(path, init_model(jax.random.PRNGKey(0), config, jnp.float32), tokenizer=tok)
+    return path, config
+

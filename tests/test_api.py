@@ -1,25 +1,16 @@
 """`hq.load` and `Model.generate`: whole-model use from Python in one object."""
 
-import jax
-import jax.numpy as jnp
 import pytest
 
 import hyquant_jax as hq
 from hyquant_jax.api import Model
-from models import ModelConfig, init_model
-from tests.helpers.checkpoint_files import train_tokenizer, write_gguf
 
 SMALL_HQ = hq.HyQuantConfig(window=16, block_size=16, prefill_block=16, rho=0.1)
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    tok = train_tokenizer()
-    config = ModelConfig("llama", vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128,
-                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, max_position=4096)
-    path = tmp_path_factory.mktemp("ckpt") / "tiny.gguf"
-    write_gguf(path, init_model(jax.random.PRNGKey(0), config, jnp.float32), tokenizer=tok)
-    return hq.load(str(path))
+def tiny(tiny_gguf):
+    return hq.load(str(tiny_gguf[0]))
 
 
 @pytest.mark.slow

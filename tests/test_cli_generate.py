@@ -13,16 +13,6 @@ from models import ModelConfig, init_model
 from tests.helpers.checkpoint_files import train_tokenizer, write_gguf
 
 
-@pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory):
-    tok = train_tokenizer()
-    config = ModelConfig("llama", vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128,
-                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, max_position=4096)
-    path = tmp_path_factory.mktemp("ckpt") / "tiny.gguf"
-    write_gguf(path, init_model(jax.random.PRNGKey(0), config, jnp.float32), tokenizer=tok)
-    return path, config
-
-
 def _subparser(name):
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
