@@ -202,8 +202,7 @@ def sweep(inp: Inputs, config, iters, reps, log) -> tuple[DecodeTuning, list]:
 
 TUNING_KEYS = {"warps": "num_warps", "stages": "num_stages", "pages": "pages_per_tile", "n_low": "n_low",
                "n_vl": "n_vl", "convert": "convert", "low": "low_bit", "mosaic_per_sm": "mosaic_blocks_per_sm",
-               "mosaic_stages": "mosaic_stages", "mosaic_splits": "mosaic_splits",
-               "mosaic_specialized": "mosaic_specialized"}
+               "mosaic_stages": "mosaic_stages", "mosaic_splits": "mosaic_splits"}
 STRING_KEYS = ("convert", "low")
 
 

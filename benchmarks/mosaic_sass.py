@@ -92,7 +92,7 @@ def ptxas_summary(report: str) -> dict:
                 spill_load_bytes=int(spills.group(2)) if spills else None)
 
 
-def _lower(kernel: str, module_path: str | None = None, specialized: bool = False, stages: int = 2):
+def _lower(kernel: str, module_path: str | None = None):
     """Lower one kernel for CUDA on this machine; returns its Mosaic GPU module (bytecode). module_path: a
     modified copy of pallas_kernels/decode_mgpu.py to lower instead (decode only)."""
     import jax
@@ -114,7 +114,7 @@ def _lower(kernel: str, module_path: str | None = None, specialized: bool = Fals
                 sd((b, h, pages, dm.HEAD_DIM), bf), sd((b, h, pages, dm.HEAD_DIM), bf),
                 sd((b, h, pages * dm.PAGE, dm.BYTES), u8), sd((b, h, pages * dm.PAGE), bf),
                 sd((b, h, pages * dm.PAGE), bf), sd((b, pages), jnp.int32), sd((b,), jnp.int32))
-        fn = jax.jit(lambda *a: dm.low_bit_splits(*a, num_splits=2, stages=stages, specialized=specialized))
+        fn = jax.jit(lambda *a: dm.low_bit_splits(*a, num_splits=2, stages=2))
     elif kernel == "prefill":
         from hyquant_jax.prefill_launch import MOSAIC_PREFILL
         from pallas_kernels.prefill_mgpu import argument_shapes, hybrid_prefill_mgpu
@@ -137,8 +137,6 @@ def main():
     p.add_argument("--out", default=".")
     p.add_argument("--module", help="decode only: a modified copy of pallas_kernels/decode_mgpu.py to compile "
                                     "instead")
-    p.add_argument("--specialized", action="store_true", help="decode only: the warp-specialized kernel")
-    p.add_argument("--stages", type=int, default=2, help="decode only: code slots per block (default 2)")
     args = p.parse_args()
     if args.module and args.kernel != "decode":
         p.error("--module is for the decode kernel only")
@@ -155,7 +153,7 @@ def main():
     with tempfile.TemporaryDirectory() as dump:
         os.environ.update(MOSAIC_GPU_CUDA_ROOT=CUDA, MOSAIC_GPU_RUNTIME_LIB_PATH=RUNTIME, MOSAIC_GPU_DUMP_PTX="1",
                           MOSAIC_GPU_DUMP_TO=dump)
-        module = _lower(args.kernel, args.module, args.specialized, args.stages)
+        module = _lower(args.kernel, args.module)
         compile_module = ctypes.CDLL(PLUGIN).MosaicGpuCompile
         compile_module.argtypes = [ctypes.c_char_p, ctypes.c_int]
         compile_module.restype = ctypes.c_void_p

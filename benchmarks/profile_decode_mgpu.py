@@ -24,9 +24,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-REGIONS = ("wait", "keys", "qk_values", "softmax", "commit", "redo", "pv",
-           # the specialized kernel: its consumer's Q.K alone, its unpacker's regions
-           "qk", "wait_codes", "wait_tile", "unpack_keys", "unpack_values", "publish")
+REGIONS = ("wait", "keys", "qk_values", "softmax", "commit", "redo", "pv")
 
 
 def summarize(trace: dict) -> dict:
@@ -80,7 +78,7 @@ def timeline(trace: dict) -> dict:
             "sms_by_blocks": {str(k): v for k, v in sorted(per_sm.items())}}
 
 
-def profile_case(batch: int, context: int, out_dir: str, specialized: bool = False, stages: int = 2) -> dict:
+def profile_case(batch: int, context: int, out_dir: str) -> dict:
     import jax
     import numpy as np
 
@@ -96,8 +94,7 @@ def profile_case(batch: int, context: int, out_dir: str, specialized: bool = Fal
            c.num_pages)
     splits = dm.default_splits(b, h, c.page_count.shape[1], sms=multiprocessor_count())  # as decode_launch
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-        jax.block_until_ready(dm.low_bit_splits(q, *ops, num_splits=splits, profile_dir=tmp, stages=stages,
-                                                specialized=specialized))
+        jax.block_until_ready(dm.low_bit_splits(q, *ops, num_splits=splits, profile_dir=tmp))
         jax.effects_barrier()  # the trace is written by a host callback
         [path] = glob.glob(os.path.join(tmp, "*-trace.json"))
         with open(path) as f:
@@ -105,7 +102,7 @@ def profile_case(batch: int, context: int, out_dir: str, specialized: bool = Fal
         summary = summarize(trace)
         summary["timeline"] = timeline(trace)
     pages = int(np.asarray(c.num_pages).sum()) * h
-    summary.update(batch=batch, context=context, splits=splits, pages=pages, specialized=specialized, stages=stages)
+    summary.update(batch=batch, context=context, splits=splits, pages=pages)
     for r in summary["regions"].values():
         r["per_page"] = r["total"] / pages
     return summary
@@ -116,17 +113,14 @@ def main():
     p.add_argument("--out", default=".")
     p.add_argument("--contexts", default="16x32768,1x32768", help="BxS list")
     p.add_argument("--name", default="profile_decode_mgpu")
-    p.add_argument("--specialized", action="store_true", help="the warp-specialized kernel (regions per warpgroup)")
-    p.add_argument("--stages", type=int, default=None, help="code slots per block (default 2; 3 if specialized)")
     args = p.parse_args()
-    stages = args.stages or (3 if args.specialized else 2)
     os.makedirs(args.out, exist_ok=True)
     from benchmarks.common import environment, write_json
 
     result = {"environment": environment(), "command": " ".join(sys.argv), "cases": []}
     for item in args.contexts.split(","):
         batch, context = (int(x) for x in item.split("x"))
-        case = profile_case(batch, context, args.out, args.specialized, stages)
+        case = profile_case(batch, context, args.out)
         result["cases"].append(case)
         print(f"B{batch} {context}: {case['blocks']} blocks, {case['pages']} pages, {case['splits']} splits")
         for name, r in case["regions"].items():

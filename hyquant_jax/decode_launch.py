@@ -66,7 +66,6 @@ class DecodeTuning:
     mosaic_blocks_per_sm: int = 2
     mosaic_stages: int = 2
     mosaic_splits: int | None = None
-    mosaic_specialized: bool = False
 
     def launch(self) -> tuple[int, int]:
         """(num_warps, num_stages) of the Triton launch: 4 warps / 3 stages unless set. Measured best on the
@@ -248,12 +247,11 @@ def decode_plan(cache: HybridKVCache, config: HyQuantConfig, q_heads: int, tunin
         splits = tuning.mosaic_splits or default_splits(cache.batch, cache.num_kv_heads, pages,
                                                         sms=_multiprocessors(tuning),
                                                         per_sm=tuning.mosaic_blocks_per_sm)
-        mosaic_launch = (splits, tuning.mosaic_stages, bool(tuning.mosaic_specialized))
+        mosaic_launch = (splits, tuning.mosaic_stages)
     return lay, num_warps, num_stages, mosaic_launch
 
 
-def _mosaic_low_bit(q, cache: HybridKVCache, scale: float, splits: int, stages: int, specialized: bool = False,
-                    packed: bool = False):
+def _mosaic_low_bit(q, cache: HybridKVCache, scale: float, splits: int, stages: int, packed: bool = False):
     """The low-bit pages through `pallas_kernels.decode_mgpu`, as Triton-style splits (packed: (o, ml) as the
     kernel writes them, `low_bit_splits(..., packed=True)`, for `decode_merge`). q: [B, Hq, D]."""
     from pallas_kernels import decode_mgpu
@@ -264,8 +262,7 @@ def _mosaic_low_bit(q, cache: HybridKVCache, scale: float, splits: int, stages: 
     out = decode_mgpu.low_bit_splits(
         q if bf16 else decode_mgpu.kernel_query(q, cache.num_kv_heads, scale), cache.k_codes, cache.k_scale,
         cache.k_zero, cache.v_codes, cache.v_scale[..., 0], cache.v_zero[..., 0], cache.page_count, cache.num_pages,
-        num_splits=splits, stages=stages, packed=packed, query_scale=float(scale) if bf16 else None,
-        specialized=specialized)
+        num_splits=splits, stages=stages, packed=packed, query_scale=float(scale) if bf16 else None)
     return out if packed else decode_mgpu.natural_splits(*out)
 
 

@@ -449,169 +449,10 @@ def _kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_r
     plgpu.wait_smem_to_gmem(0)
 
 
-TILE_SLOTS = 2  # fp16 tiles (keys [64, 128], transposed values [128, 64]) between the specialized kernel's roles
-CONSUMER, UNPACKER = 0, 1  # the specialized kernel's warpgroups
-
-
-def _specialized_kernel(q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, cnt_ref, np_ref, o_ref, ml_ref,
-                        q_s, kc_s, ks_s, kz_s, vc_s, vs_s, vz_s, staging_s, key_tiles_or_out, vt_s, p_s, flag_s,
-                        setup_bar, full, tile_full, tile_free, *query_staging, stages: int, num_splits: int,
-                        group: int, query_scale: float | None):
-    """`_kernel` with its per-page chain split between two warpgroups that overlap across pages.
-
-    The unpacker warpgroup issues the bulk copies and turns page i's codes into fp16 tiles in shared memory
-    (keys dequantized, values as codes), while the consumer warpgroup runs Q.K, the softmax and P.V of page
-    i - 1 or i - 2 from the tiles with shared-memory wgmma operands. Code slot i % stages is refilled with
-    page i - 2 + stages once the consumer has released page i - 2's tile slot: by then both warpgroups are done
-    with that code slot (the consumer reads the page's value scales and zero points from it)."""
-    b, h, split = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("splits")
-    wg_index = lax.axis_index("wg")
-    kt_s, (o_s, ml_s) = key_tiles_or_out  # the output buffers reuse the key tiles' memory after the loop
-    num_pages = plgpu.load(np_ref.at[b])
-    first, stop = split_pages(num_pages, split, num_splits)
-    wg = plgpu.Layout.WGMMA
-
-    def issue(page, slot):
-        bar = full.at[slot]
-        plgpu.copy_gmem_to_smem(kc_ref.at[b, h, pl.ds(page * PAGE, PAGE)], kc_s.at[slot], bar)
-        plgpu.copy_gmem_to_smem(ks_ref.at[b, h, page], ks_s.at[slot], bar)
-        plgpu.copy_gmem_to_smem(kz_ref.at[b, h, page], kz_s.at[slot], bar)
-        plgpu.copy_gmem_to_smem(vc_ref.at[b, h, pl.ds(page * PAGE, PAGE)], vc_s.at[slot], bar)
-        plgpu.copy_gmem_to_smem(vs_ref.at[b, h, pl.ds(page * PAGE, PAGE)], vs_s.at[slot], bar)
-        plgpu.copy_gmem_to_smem(vz_ref.at[b, h, pl.ds(page * PAGE, PAGE)], vz_s.at[slot], bar)
-
-    @pl.when(wg_index == UNPACKER)
-    def _unpacker():
-        for k in range(stages):
-            @pl.when(first + k < stop)
-            def _prologue(k=k):
-                issue(first + k, k)
-
-        key_tile = plgpu.inline_mgpu(
-            arg_types=(plgpu.RefType(),) * 4,
-            return_type=plgpu.ShapeDtypeStruct((PAGE, HEAD_DIM), jnp.float16, layout=wg))(_key_tile)
-        value_tile = plgpu.inline_mgpu(
-            arg_types=(plgpu.RefType(transforms=swizzled(jnp.uint8, BYTES)),),
-            return_type=plgpu.ShapeDtypeStruct((HEAD_DIM, PAGE), jnp.float16, layout=wg))(_value_tile)
-
-        def body(page, _):
-            step = page - first
-            slot, tile = step % stages, step % TILE_SLOTS
-            with jax.named_scope("wait_codes"):
-                plgpu.barrier_wait(full.at[slot])
-
-            @pl.when(step >= TILE_SLOTS)
-            def _reuse():
-                with jax.named_scope("wait_tile"):
-                    plgpu.barrier_wait(tile_free.at[tile])  # the consumer is done with page - 2
-                following = page - TILE_SLOTS + stages
-
-                @pl.when(following < stop)
-                def _refill():
-                    @plgpu.warp_map
-                    def _(warp):
-                        @pl.when(warp == 0)
-                        def _():
-                            issue(following, (step - TILE_SLOTS) % stages)
-
-            with jax.named_scope("unpack_keys"):
-                kt_s[tile] = key_tile(kc_s.at[slot], ks_s.at[slot], kz_s.at[slot], staging_s)
-            with jax.named_scope("unpack_values"):
-                vt_s[tile] = value_tile(vc_s.at[slot])
-            with jax.named_scope("publish"):
-                plgpu.commit_smem()  # the tiles visible to the tensor cores; every thread is done with the codes
-                plgpu.barrier_arrive(tile_full.at[tile])
-            return ()
-
-        lax.fori_loop(first, stop, body, ())
-
-    @pl.when(wg_index == CONSUMER)
-    def _consumer():
-        if query_scale is None:
-            plgpu.copy_gmem_to_smem(q_ref.at[b, h], q_s, setup_bar)
-        else:
-            plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(h * group, group)], query_staging[0], setup_bar)
-        plgpu.inline_mgpu(arg_types=(plgpu.RefType(),))(_clear_flags)(flag_s)
-        plgpu.barrier_wait(setup_bar)
-        if query_scale is not None:
-            plgpu.inline_mgpu(
-                arg_types=(plgpu.RefType(), plgpu.RefType(transforms=swizzled(jnp.float16, HEAD_DIM))))(
-                functools.partial(_prepare_query, group=group, scale=query_scale))(query_staging[0], q_s)
-        plgpu.commit_smem()  # q visible to the tensor cores; the cleared marks before any page's
-        mark_page = plgpu.inline_mgpu(arg_types=(wg, wg, plgpu.RefType()))(_mark_page)
-        per_token = functools.partial(lax.broadcast_in_dim, shape=(PAGE, ROWS), broadcast_dimensions=[0])
-        per_row = functools.partial(lax.broadcast_in_dim, shape=(PAGE, ROWS), broadcast_dimensions=[1])
-
-        def body(page, carry):
-            acc, m, l_part, z_part = carry
-            step = page - first
-            slot, tile = step % stages, step % TILE_SLOTS
-            count = plgpu.load(cnt_ref.at[b, page])
-            with jax.named_scope("wait"):
-                plgpu.barrier_wait(tile_full.at[tile])
-
-            def qk(acc_ref):
-                plgpu.wgmma(acc_ref, kt_s.at[tile], q_s.T)
-                return acc_ref[...]
-
-            with jax.named_scope("qk"):
-                s = pl.run_scoped(qk, plgpu.ACC((PAGE, ROWS), jnp.float32))
-            with jax.named_scope("softmax"):
-                tokens = plgpu.broadcasted_iota(jnp.int32, (PAGE, ROWS), 0, layout=wg)
-                s = jnp.where(tokens < count, s, -jnp.inf)
-                v_scale = plgpu.load(vs_s.at[slot], layout=wg.reduce(1)).astype(jnp.float32)
-                v_zero = plgpu.load(vz_s.at[slot], layout=wg.reduce(1)).astype(jnp.float32)
-                above = s - per_row(m)
-                p = jnp.exp2(above)
-                p_s[...] = (p * per_token(v_scale)).astype(jnp.float16)
-                mark = plgpu.layout_cast(jnp.full((PAGE, ROWS), page + 1, jnp.int32), wg)
-                mark_page(above, mark, flag_s)
-            with jax.named_scope("commit"):
-                plgpu.commit_smem()
-
-            def redo():
-                m_new = jnp.maximum(m, s.max(axis=0))
-                alpha = jnp.exp2(m - m_new)
-                p = jnp.exp2(s - per_row(m_new))
-                p_s[...] = (p * per_token(v_scale)).astype(jnp.float16)
-                plgpu.commit_smem()
-                return (acc * lax.broadcast_in_dim(alpha, acc.shape, [1]), m_new,
-                        l_part * per_row(alpha) + p, z_part * per_row(alpha) + p * per_token(v_zero))
-
-            def keep():
-                return acc, m, l_part + p, z_part + p * per_token(v_zero)
-
-            with jax.named_scope("redo"):
-                acc, m, l_part, z_part = lax.cond(flag_s[page % 2] == page + 1, redo, keep)
-
-            def pv(acc_ref):
-                plgpu.wgmma(acc_ref, vt_s.at[tile], p_s)
-                return acc_ref[...]
-
-            with jax.named_scope("pv"):
-                acc = acc + pl.run_scoped(pv, plgpu.ACC((HEAD_DIM, ROWS), jnp.float32))
-                plgpu.barrier_arrive(tile_free.at[tile])
-            return acc, m, l_part, z_part
-
-        carry = (plgpu.layout_cast(jnp.zeros((HEAD_DIM, ROWS), jnp.float32), wg),
-                 plgpu.layout_cast(jnp.full((ROWS,), NEG_INIT, jnp.float32), wg.reduce(0)),
-                 plgpu.layout_cast(jnp.zeros((PAGE, ROWS), jnp.float32), wg),
-                 plgpu.layout_cast(jnp.zeros((PAGE, ROWS), jnp.float32), wg))
-        acc, m, l_part, z_part = lax.fori_loop(first, stop, body, carry)
-        o_s[...] = acc + lax.broadcast_in_dim(z_part.sum(axis=0), acc.shape, [1])
-        ml_s[0] = m
-        ml_s[1] = l_part.sum(axis=0)
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(o_s, o_ref.at[b, h, split])
-        plgpu.copy_smem_to_gmem(ml_s, ml_ref.at[b, h, split])
-        plgpu.wait_smem_to_gmem(0)
-
-
-@functools.partial(jax.jit, static_argnames=("num_splits", "stages", "profile_dir", "packed", "query_scale",
-                                             "specialized"))
+@functools.partial(jax.jit, static_argnames=("num_splits", "stages", "profile_dir", "packed", "query_scale"))
 def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_count, num_pages, *,
                    num_splits: int, stages: int = 2, profile_dir: str | None = None, packed: bool = False,
-                   query_scale: float | None = None, specialized: bool = False):
+                   query_scale: float | None = None):
     """Split-K decode attention over the low-bit pages of each (sequence, KV head), on the cache's own arrays.
 
     q: f16 [B, H, 16, 128], query rows of each KV head's GQA group (zero rows past the group), channels in
@@ -658,26 +499,14 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
             raise ValueError(f"{name} must be {jnp.dtype(dtype).name} {shape}, got {x.dtype} {x.shape}")
     if num_splits < 1 or stages < 1:
         raise ValueError(f"num_splits and stages must be >= 1, got {num_splits}, {stages}")
-    if specialized and stages <= TILE_SLOTS:
-        raise ValueError(f"specialized needs stages > {TILE_SLOTS} (a code slot refills two pages after its "
-                         f"unpack), got {stages}")
     f32, u8, bf16 = jnp.float32, jnp.uint8, jnp.bfloat16
-    f16 = jnp.float16
-    out_buffers = [plgpu.SMEM((HEAD_DIM, ROWS), f32), plgpu.SMEM((2, ROWS), f32)]
-    if specialized:  # the key tiles, then (their memory reused) the output; the transposed value tiles
-        out_buffers = [
-            plgpu.RefUnion(plgpu.SMEM((TILE_SLOTS, PAGE, HEAD_DIM), f16, transforms=swizzled(f16, HEAD_DIM)),
-                           tuple(out_buffers)),
-            # transposed values [128 channels, 64 tokens] with P's 32-byte swizzle: one swizzle per wgmma
-            plgpu.SMEM((TILE_SLOTS, HEAD_DIM, PAGE), f16, transforms=swizzled(f16, ROWS))]
     kernel = plgpu.kernel(
-        functools.partial(_specialized_kernel if specialized else _kernel, stages=stages, num_splits=num_splits,
-                          group=group, query_scale=None if query_scale is None else float(query_scale)),
+        functools.partial(_kernel, stages=stages, num_splits=num_splits, group=group,
+                          query_scale=None if query_scale is None else float(query_scale)),
         out_type=(jax.ShapeDtypeStruct((bsz, heads, num_splits, HEAD_DIM, ROWS), f32),
                   jax.ShapeDtypeStruct((bsz, heads, num_splits, 2, ROWS), f32)),
         grid=(bsz, heads, num_splits),
         grid_names=("batch", "heads", "splits"),
-        **(dict(num_threads=2, thread_name="wg") if specialized else {}),
         scratch_types=[
             plgpu.SMEM((ROWS, HEAD_DIM), jnp.float16, transforms=swizzled(jnp.float16, HEAD_DIM)),
             plgpu.SMEM((stages, PAGE, BYTES), u8),
@@ -687,14 +516,12 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
             plgpu.SMEM((stages, PAGE), bf16),
             plgpu.SMEM((stages, PAGE), bf16),
             plgpu.SMEM((HEAD_DIM,), jnp.int32),  # f16 pairs of the key scales and zeros
-            *(out_buffers if specialized else []),
             plgpu.SMEM((PAGE, ROWS), jnp.float16, transforms=swizzled(jnp.float16, ROWS)),
-            *([] if specialized else out_buffers),
+            plgpu.SMEM((HEAD_DIM, ROWS), f32),
+            plgpu.SMEM((2, ROWS), f32),
             plgpu.SMEM((2,), jnp.int32),  # lazy max: pages marked for an exact redo
             plgpu.Barrier(num_arrivals=1),
             plgpu.Barrier(num_arrivals=COPIES_PER_PAGE, num_barriers=stages),
-            # a tile slot filled (by the unpacker's threads), freed (by the consumer's)
-            *([plgpu.Barrier(num_arrivals=1, num_barriers=TILE_SLOTS)] * 2 if specialized else []),
             # the step's q rows as copied, before `_prepare_query` (only with query_scale)
             *([plgpu.SMEM((group, HEAD_DIM), jnp.bfloat16)] if query_scale is not None else []),
         ],

@@ -63,18 +63,11 @@ def test_channel_orders_are_permutations():
         assert sorted(dm.KEY_CHANNELS[v]) == sorted(want)
 
 
-@pytest.mark.parametrize("splits,stages,specialized", [(1, 1, False), (3, 2, False), (8, 4, False), (2, 3, False),
-                                                       (1, 3, True), (3, 4, True), (8, 5, True)])
-def test_kernel_lowers_for_cuda(splits, stages, specialized):
+@pytest.mark.parametrize("splits,stages", [(1, 1), (3, 2), (8, 4), (2, 3)])
+def test_kernel_lowers_for_cuda(splits, stages):
     args = kernel_args(random_case(2, 2, 6, [5, 0], seed=0))
-    fn = jax.jit(lambda *a: dm.low_bit_splits(*a, num_splits=splits, stages=stages, specialized=specialized))
+    fn = jax.jit(lambda *a: dm.low_bit_splits(*a, num_splits=splits, stages=stages))
     assert "mosaic_gpu" in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-
-
-def test_specialized_kernel_needs_more_code_slots_than_tile_slots():
-    args = kernel_args(random_case(1, 1, 2, [2], seed=0))
-    with pytest.raises(ValueError, match="specialized needs stages > 2"):
-        dm.low_bit_splits(*args, num_splits=1, stages=2, specialized=True)
 
 
 def test_splits_cover_every_page_once():
@@ -171,9 +164,9 @@ def test_oracle_is_attention_over_the_valid_tokens():
     np.testing.assert_allclose(l[0, 0], p.sum(axis=1), rtol=1e-12)
 
 
-def _emulated_low_bit_splits(*args, num_splits, stages, packed=False, query_scale=None, specialized=False):
+def _emulated_low_bit_splits(*args, num_splits, stages, packed=False, query_scale=None):
     """`low_bit_splits` as one split (the rest empty), from the float64 oracle: same inputs, same outputs."""
-    del stages, specialized
+    del stages
     if query_scale is not None:  # the step's bf16 q, prepared as the kernel does it
         args = (dm.kernel_query(args[0], args[1].shape[1], query_scale), *args[1:])
 
@@ -248,9 +241,8 @@ def test_mosaic_choice():
 
 
 def test_mosaic_splits_override(monkeypatch):
-    """DecodeTuning.mosaic_splits reaches the Mosaic launch (splits, stages, specialized) as given; without it
-    default_splits decides, over the multiprocessors `backends.multiprocessor_count()` reports unless sm_count is
-    set."""
+    """DecodeTuning.mosaic_splits reaches the Mosaic launch (splits, stages) as given; without it default_splits
+    decides, over the multiprocessors `backends.multiprocessor_count()` reports unless sm_count is set."""
     from hyquant_jax import backends
 
     config = hq.HyQuantConfig()
@@ -263,12 +255,12 @@ def test_mosaic_splits_override(monkeypatch):
         decode_launch.decode_attention(qd, cache, config, interpret=True, tuning=t)
     pages = cache.page_count.shape[1]
     splits = dm.default_splits(2, 2, pages)
-    assert launches == [(5, 3, False), (splits, 2, False)]
+    assert launches == [(5, 3), (splits, 2)]
     monkeypatch.setattr(backends, "multiprocessor_count", lambda device=None, default=132: 2)
     for t in tunings + (decode_launch.DecodeTuning(sm_count=132),):
         decode_launch.decode_attention(qd, cache, config, interpret=True, tuning=t)
     few = dm.default_splits(2, 2, pages, sms=2)
-    assert few != splits and launches[2:] == [(5, 3, False), (few, 2, False), (splits, 2, False)]
+    assert few != splits and launches[2:] == [(5, 3), (few, 2), (splits, 2)]
 
 
 def test_hybrid_attention_passes_its_decode_tuning(monkeypatch):
@@ -411,17 +403,10 @@ def test_gpu_kernel_matches_oracle(name, kwargs, splits, stages):
     _check_oracle(kwargs, splits, stages)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not on_hopper, reason="needs a Hopper GPU")
-@pytest.mark.parametrize("name,kwargs,splits,stages", GPU_CASES, ids=[c[0] for c in GPU_CASES])
-def test_gpu_specialized_kernel_matches_oracle(name, kwargs, splits, stages):
-    _check_oracle(kwargs, splits, max(stages + 1, 3), specialized=True)
-
-
-def _check_oracle(kwargs, splits, stages, specialized=False):
+def _check_oracle(kwargs, splits, stages):
     case = random_case(**kwargs)
     q16 = np.asarray(jnp.asarray(case[0], jnp.float16), np.float64)  # the oracle sees the kernel's fp16 q
-    o, m, l = dm.low_bit_splits(*kernel_args(case), num_splits=splits, stages=stages, specialized=specialized)
+    o, m, l = dm.low_bit_splits(*kernel_args(case), num_splits=splits, stages=stages)
     out = np.asarray(dm.merge(o, m, l), np.float64)
     want, _, l_want = dm.reference_low_bit(q16, *case[1:])
     has = case[-1] > 0
