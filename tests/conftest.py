@@ -31,6 +31,17 @@ def _release_compiled_programs():
     gc.collect()
 
 
+@pytest.fixture(scope="session")
+def default_model():
+    """The default checkpoint's path (SmolLM2-135M-Instruct GGUF); skips the test where it is not installed."""
+    from models import default_model_path
+
+    try:
+        return default_model_path()
+    except ValueError as e:
+        pytest.skip(str(e))
+
+
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory):
     """(path, config) of a 2-layer llama GGUF with a trained BPE tokenizer: a real checkpoint file in seconds."""

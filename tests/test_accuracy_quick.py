@@ -21,13 +21,9 @@ sys.path.insert(0, str(ROOT))
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory):
+def quick_run(tmp_path_factory, default_model):
     from benchmarks import accuracy as bench
-    from models import default_model_path
-    try:
-        default_model_path()
-    except ValueError as e:
-        pytest.skip(str(e))
+
     for path in (bench.DEFAULT_WIKITEXT, bench.DEFAULT_ESSAYS):
         if not path.exists():
             pytest.skip(f"evaluation data not found: {path}")

@@ -14,14 +14,8 @@ def tiny(tiny_gguf):
 
 
 @pytest.mark.slow
-def test_load_and_generate_the_default_model():
+def test_load_and_generate_the_default_model(default_model):
     """The README's five lines: the default SmolLM2 answers, and the result carries per-sequence numbers."""
-    from models import default_model_path
-
-    try:
-        default_model_path()
-    except ValueError as e:
-        pytest.skip(str(e))
     model = hq.load()
     out = model.generate(["What is the capital of France?"], max_new_tokens=12)
     (c,) = out.completions

@@ -214,14 +214,8 @@ def test_bench_and_eval_list_and_run_scripts(capsys):
 
 
 @pytest.mark.slow
-def test_generate_default_model(capsys):
+def test_generate_default_model(capsys, default_model):
     """The README's main command on the default SmolLM2 (shortened to 8 new tokens)."""
-    from models import default_model_path
-
-    try:
-        default_model_path()
-    except ValueError as e:
-        pytest.skip(str(e))
     assert cli.main(["generate", "--compare-bf16", "--max-new-tokens", "8"]) == 0
     text = capsys.readouterr().out
     assert "SmolLM2-135M-Instruct" in text and "identical to the bf16 run" in text

@@ -26,13 +26,7 @@ def test_readme_library_example_runs():
 
 
 @pytest.mark.slow
-def test_readme_whole_model_example_runs(capsys):
-    from models import default_model_path
-
-    try:
-        default_model_path()
-    except ValueError as e:
-        pytest.skip(str(e))
+def test_readme_whole_model_example_runs(capsys, default_model):
     ns = {}
     exec(compile(python_block("## Whole models from Python"), "README.md", "exec"), ns)  # noqa: S102
     printed = capsys.readouterr().out
