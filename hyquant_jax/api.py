@@ -169,12 +169,13 @@ class _TextDeltas:
     def __init__(self, tokenizer, batch: int):
         self.tokenizer, self.ids, self.shown = tokenizer, [[] for _ in range(batch)], [""] * batch
 
-    def add(self, new: list[list[int]]) -> list[str]:
+    def add(self, new: list[list[int]], final: bool = False) -> list[str]:
+        """The text each sequence gained with `new` ids; final: also a text that really ends in U+FFFD."""
         out = []
         for i, ids in enumerate(new):
             self.ids[i] += ids
             text = self.tokenizer.decode(self.ids[i])
-            if text.endswith("\ufffd") or not text.startswith(self.shown[i]):
+            if not text.startswith(self.shown[i]) or (text.endswith("\ufffd") and not final):
                 out.append("")
                 continue
             out.append(text[len(self.shown[i]):])
@@ -182,13 +183,8 @@ class _TextDeltas:
         return out
 
     def finish(self) -> list[str]:
-        """What is still held back once decoding is over (a text that really ends in U+FFFD)."""
-        out = []
-        for i, ids in enumerate(self.ids):
-            text = self.tokenizer.decode(ids)
-            out.append(text[len(self.shown[i]):] if text.startswith(self.shown[i]) else "")
-            self.shown[i] = text
-        return out
+        """What is still held back once decoding is over."""
+        return self.add([[] for _ in self.ids], final=True)
 
 
 def _texts(prompts) -> list[str]:
