@@ -6,7 +6,8 @@ at most 16) and caches of at least MOSAIC_MIN_PAGES pages, the low-bit pages go 
 `pallas_kernels.decode_mgpu` (Mosaic GPU) instead and the Triton kernel scans only the VL and ring splits:
 on the H200 the whole decode is then 1.14x (B1 32K), 1.68x (B1 128K) and 1.52x (B16 32K) as fast as with
 the Triton kernel alone (benchmarks/results/decode_kernel_h200.json). This module picks the launch shapes
-and merges the per-split results of both (`pallas_kernels.decode_merge` with the Mosaic launch, XLA otherwise).
+and merges the per-split results of both in one launch (`pallas_kernels.decode_merge`; XLA's merge where the
+Triton kernel's splits are too many for one of its programs, `decode_merge.fits`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from hyquant_jax import backends
 from hyquant_jax.cache import HybridKVCache, check_cache, check_decode_query
 from hyquant_jax.config import HyQuantConfig
 from pallas_kernels.decode import DecodeLayout, hybrid_decode_splits, merge_splits
+from pallas_kernels.decode_merge import fits as merge_fits
 from pallas_kernels.decode_merge import merge_hybrid_splits
 
 CONVERTS = ("asm", "magic", "cast")
@@ -326,12 +328,12 @@ def _run(q, cache: HybridKVCache, lay: DecodeLayout, scale, num_warps, num_stage
     if new_token is not None:  # the step's own token: one more split of one key, merged with the others
         k, v, active = new_token
         token = (token_logits(q, k, active, lay, scale), v)
-    if low is not None:
-        # Both launches' splits in one merge launch that reads the Mosaic kernel's outputs as written
+    if low is not None or merge_fits(o.shape[2], lay.group):
+        # The splits (both launches' when the Mosaic kernel ran, read as it wrote them) in one merge launch
         # (pallas_kernels.decode_merge) instead of XLA's four dependent fusions: on the H200, B=1 32K 5.49
         # against 5.71 ms a decode step, 128K 6.98 against 7.20 (docs/design.md, "The split merge kernel").
-        out, lse = merge_hybrid_splits(o, m, l, *low, token, group=lay.group, out_dtype=q.dtype,
-                                       interpret=interpret)
+        out, lse = merge_hybrid_splits(o, m, l, *(low or (None, None)), token, group=lay.group,
+                                       out_dtype=q.dtype, interpret=interpret)
     else:
         out, lse = merge_splits(o, m, l, lay.group, token)
     if not lay.ring_logits:
