@@ -268,14 +268,25 @@ def _mosaic_low_bit(q, cache: HybridKVCache, scale: float, splits: int, stages: 
     return out if packed else decode_mgpu.natural_splits(*out)
 
 
+def _scaled_queries(q, lay: DecodeLayout, scale):
+    """q [B, Hq, D] -> q * scale, float32 [B, H, group, D]."""
+    b, hq, d = q.shape
+    return (q.astype(jnp.float32) * scale).reshape(b, lay.kv_heads, lay.group, d)
+
+
+def _kernel_queries(q, lay: DecodeLayout, scale):
+    """q [B, Hq, D] -> scaled bf16 queries [B, H, rows, D] (GQA rows padded with zeros), as the Triton kernel
+    takes them."""
+    qg = _scaled_queries(q, lay, scale)
+    return jnp.pad(qg, ((0, 0), (0, 0), (0, lay.rows - lay.group), (0, 0))).astype(jnp.bfloat16)
+
+
 def token_logits(q, k, active, lay: DecodeLayout, scale):
     """Scaled logits of a key that is not in the cache: q [B, Hq, D], k [B, H, D], active bool [B] ->
     float32 [B, H, rows] (the kernel's bf16 queries, float32 sums; -inf where not active)."""
     # bf16 rounding as an explicit op: XLA drops a float32 -> bf16 -> float32 convert pair inside a fusion
     # (excess precision), which left these logits ~1e-3 off the kernel's on the H200
-    b, hq, d = q.shape
-    qg = (q.astype(jnp.float32) * scale).reshape(b, lay.kv_heads, lay.group, d)  # as the kernel scales them
-    qg = jax.lax.reduce_precision(qg, exponent_bits=8, mantissa_bits=7)
+    qg = jax.lax.reduce_precision(_scaled_queries(q, lay, scale), exponent_bits=8, mantissa_bits=7)
     kb = jax.lax.reduce_precision(k.astype(jnp.float32), exponent_bits=8, mantissa_bits=7)
     logits = jnp.sum(qg * kb[:, :, None, :], axis=-1)  # a float32 sum, not a dot (which XLA may run in TF32)
     logits = jnp.pad(logits, ((0, 0), (0, 0), (0, lay.rows - lay.group)))
@@ -287,9 +298,10 @@ def triton_splits(q, cache: HybridKVCache, lay: DecodeLayout, scale, num_warps, 
 
     Returns (o f32 [B, H, NS, rows, D], m, l f32 [B, H, NS, rows], ring logits f32 [B, H, rows, ring_size] or
     None without `lay.ring_logits`)."""
+    qg = _kernel_queries(q, lay, scale)
     unused = jnp.zeros((1,), jnp.bfloat16)
     o, m, l, *ring = hybrid_decode_splits(
-        q.reshape(q.shape[0], lay.kv_heads, lay.group, q.shape[2]), cache.k_codes,
+        qg, cache.k_codes,
         unused if cache.k_scale is None else cache.k_scale,
         unused if cache.k_zero is None else cache.k_zero,
         cache.v_codes,
@@ -297,7 +309,7 @@ def triton_splits(q, cache: HybridKVCache, lay: DecodeLayout, scale, num_warps, 
         unused if cache.v_zero is None else cache.v_zero,
         cache.page_count, cache.num_pages, cache.vl_k, cache.vl_v, cache.num_vl,
         cache.ring_k, cache.ring_v, cache.ring_start, cache.ring_len,
-        lay=lay, scale=scale, num_warps=num_warps, num_stages=num_stages, interpret=interpret,
+        lay=lay, num_warps=num_warps, num_stages=num_stages, interpret=interpret,
     )
     return o, m, l, (ring[0] if ring else None)
 

@@ -204,21 +204,10 @@ def _store_split(o_ref, m_ref, l_ref, b, h, split, accs, m, l, lay: DecodeLayout
     plgpu.store(l_ref.at[b, h, split, :], l, mask=row_ok)
 
 
-def _queries(q_ref, b, h, dim0, width, lay: DecodeLayout, scale: float):
-    """This KV head's query rows [rows, width] (channels [dim0, dim0 + width)) times the softmax scale, rounded
-    to bf16 as the dots take them (the row sums of the offset terms are then exact sums of what the dots
-    see); zero rows past the group. Index arrays on every axis: the rows past the group are masked, never
-    read."""
-    r = lax.broadcasted_iota(jnp.int32, (lay.rows, width), 0)
-    c = dim0 + lax.broadcasted_iota(jnp.int32, (lay.rows, width), 1)
-    q = plgpu.load(q_ref.at[b, h, r, c], mask=r < lay.group, other=0.0)
-    return (q.astype(jnp.float32) * scale).astype(jnp.bfloat16)
-
-
 def _kernel(
     num_pages_ref, page_count_ref, num_vl_ref, ring_start_ref, ring_len_ref,
     q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, vlk_ref, vlv_ref, rk_ref, rv_ref,
-    o_ref, m_ref, l_ref, *ring_logits_ref, lay: DecodeLayout, scale: float, interpret: bool,
+    o_ref, m_ref, l_ref, *ring_logits_ref, lay: DecodeLayout, interpret: bool,
 ):
     bh, split = pl.program_id(0), pl.program_id(1)
     b, h = bh // lay.kv_heads, bh % lay.kv_heads
@@ -231,10 +220,10 @@ def _kernel(
         if not lay.n_low:
             return
         _low_bit_split(num_pages_ref, page_count_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref,
-                       o_ref, m_ref, l_ref, b, h, split, m0, l0, lay, scale, interpret)
+                       o_ref, m_ref, l_ref, b, h, split, m0, l0, lay, interpret)
 
     def full_precision(k_ref, v_ref, count_fn, tile, num_tiles_fn, first_fn, split_out, logits_ref=None):
-        q = _queries(q_ref, b, h, 0, d, lay, scale)
+        q = q_ref[b, h, :, :].astype(jnp.bfloat16)
         acc0 = jnp.zeros((rows, d), jnp.float32)
         row_ok = lax.broadcasted_iota(jnp.int32, (rows,), 0) < lay.group
 
@@ -278,7 +267,7 @@ def _round_up(x, m):
 
 
 def _low_bit_split(num_pages_ref, page_count_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref,
-                   o_ref, m_ref, l_ref, b, h, split, m0, l0, lay: DecodeLayout, scale: float, interpret: bool):
+                   o_ref, m_ref, l_ref, b, h, split, m0, l0, lay: DecodeLayout, interpret: bool):
     rows = lay.rows
     ppt = lay.pages_per_tile
     key_parts = _parts(lay.key_bits, lay.head_dim, lay.key_group, lay.key_mode)
@@ -289,8 +278,7 @@ def _low_bit_split(num_pages_ref, page_count_ref, q_ref, kc_ref, ks_ref, kz_ref,
     v_codes = [_Codes(shift, lay.value_bits, v_half, lay.convert) for (_, _, shift, _, _) in value_parts]
 
     # Query slices (one per key part) in f32, their matmul operands (1 / unit folded in) and row sums.
-    q_parts = [_queries(q_ref, b, h, dim0, width, lay, scale).astype(jnp.float32)
-               for (_, width, _, dim0, _) in key_parts]
+    q_parts = [q_ref[b, h, :, pl.ds(dim0, width)].astype(jnp.float32) for (_, width, _, dim0, _) in key_parts]
     q_sums = [jnp.sum(x, axis=1) for x in q_parts]
     # Under channel keys the unit is folded into the per-channel scale instead (see logits).
     q_dots = [(x if lay.key_mode == "channel" else x / c.unit).astype(c.dtype) for x, c in zip(q_parts, k_codes)]
@@ -394,22 +382,20 @@ def _low_bit_split(num_pages_ref, page_count_ref, q_ref, kc_ref, ks_ref, kz_ref,
     _store_split(o_ref, m_ref, l_ref, b, h, split, outs, m, l, lay)
 
 
-@functools.partial(jax.jit, static_argnames=("lay", "scale", "num_warps", "num_stages", "interpret"))
+@functools.partial(jax.jit, static_argnames=("lay", "num_warps", "num_stages", "interpret"))
 def hybrid_decode_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_count, num_pages,
-                         vl_k, vl_v, num_vl, ring_k, ring_v, ring_start, ring_len, *, lay: DecodeLayout,
-                         scale: float, num_warps: int = 4, num_stages: int = 2, interpret: bool = False):
+                         vl_k, vl_v, num_vl, ring_k, ring_v, ring_start, ring_len, *,
+                         lay: DecodeLayout, num_warps: int = 4, num_stages: int = 2, interpret: bool = False):
     """Run the kernel; returns per-split (o [B,H,NS,rows,D] f32, m, l [B,H,NS,rows] f32), and with
-    `lay.ring_logits` also the ring split's logits f32 [B, H, rows, ring_size] (scaled q . k of every ring
-    slot, -inf where the slot holds no token; rows past `lay.group` are not written).
+    `lay.ring_logits` also the ring split's logits f32 [B, H, rows, ring_size] (q . k of every ring slot,
+    -inf where the slot holds no token; rows past `lay.group` are not written).
 
-    q: [B, H, group, D] in any float dtype (a [B, Hq, D] query reshaped, no copy); each program multiplies
-    its rows by `scale` in float32 and rounds them to bf16, so no XLA launch prepares them. Cache arrays as
-    in `HybridKVCache`; unused scale / zero arrays may be any small placeholder array (they are never read).
+    q: bf16 [B, H, rows, D] queries already multiplied by the softmax scale,
+    zero rows past `lay.group` (bf16 so the row sums used by the offset terms
+    are exact sums of what the matmuls see). Cache arrays as in `HybridKVCache`; unused scale /
+    zero arrays may be any small placeholder array (they are never read).
     """
-    b, h, group, d = q.shape
-    if group != lay.group or h != lay.kv_heads or d != lay.head_dim:
-        raise ValueError(f"q must be [B, H={lay.kv_heads}, group={lay.group}, D={lay.head_dim}], got {q.shape}")
-    rows = lay.rows
+    b, h, rows, d = q.shape
     ns = lay.num_splits
     out_shape = [
         jax.ShapeDtypeStruct((b, h, ns, rows, d), jnp.float32),
@@ -417,7 +403,7 @@ def hybrid_decode_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, 
         jax.ShapeDtypeStruct((b, h, ns, rows), jnp.float32),
     ] + ([jax.ShapeDtypeStruct((b, h, rows, lay.ring_size), jnp.float32)] if lay.ring_logits else [])
     return pl.pallas_call(
-        functools.partial(_kernel, lay=lay, scale=float(scale), interpret=interpret),
+        functools.partial(_kernel, lay=lay, interpret=interpret),
         grid=(b * h, ns),
         out_shape=out_shape,
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
