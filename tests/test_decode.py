@@ -191,6 +191,18 @@ def test_interpret_short_and_empty_sequences():
     assert np.all(np.isneginf(np.asarray(ring_logits)[2])) and np.isfinite(np.asarray(ring_logits)[0]).any()
 
 
+@pytest.mark.parametrize("n_low,pallas_merge", [(2, True), (250, False)])
+def test_interpret_triton_only_merge_paths(n_low, pallas_merge):
+    """The Triton launch alone merges its splits in the merge kernel while every split's rows fit one of its
+    programs (`decode_merge.fits`) and through XLA past that; both give the reference."""
+    config = hq.HyQuantConfig(**SMALL)
+    qd, cache = _cache(jax.random.PRNGKey(8), 1, 16, 1, 64, [100], config)  # 16 rows: 256 splits fit, 512 not
+    tuning = DecodeTuning(n_low=n_low, n_vl=10)
+    jaxpr = jax.make_jaxpr(lambda q, c: kernel_decode(q, c, config, interpret=True, tuning=tuning))(qd, cache)
+    assert ("hyquant_merge_splits" in str(jaxpr)) == pallas_merge
+    _check(qd, cache, config, interpret=True, tuning=tuning)
+
+
 def test_backend_dispatch_interpret():
     config = hq.HyQuantConfig(**SMALL)
     qd, cache = _cache(jax.random.PRNGKey(4), 1, 2, 1, 64, [100], config)
