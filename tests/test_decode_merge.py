@@ -114,11 +114,11 @@ def test_merge_matches_oracle_on_random_shapes(b, h, ns, nm, group, empty, seed,
        token=st.sampled_from([None, 0.0, 0.5, 1.0]))
 def test_triton_splits_alone_match_oracle_and_xla(b, h, ns, group, d, empty, seed, token):
     """The Triton launch alone (no Mosaic set), as the decode merges it below MOSAIC_MIN_PAGES or off Hopper:
-    any split count that `fits`, groups of 1-32 in their padded rows, head_dim 64/128/256, none to all splits
-    without keys: the oracle's output and lse, and XLA's merge on NaN-free splits."""
+    1-70 splits (all fit one program up to a group of 32), groups of 1-32 in their padded rows, head_dim
+    64/128/256, none to all splits without keys: the oracle's output and lse, and XLA's merge on NaN-free
+    splits."""
+    assert dmg.fits(ns, group)
     rows = max(16, 1 << (group - 1).bit_length())
-    if not dmg.fits(ns, group):
-        ns = dmg.BLOCK_ELEMENTS // rows
     args = _splits(seed, b, h, ns, rows, 0, group, empty=empty, d=d)
     token = None if token is None else _token(seed, b, h, rows, absent=token, d=d)
     out, lse = _merge(args, token, group, interpret=True)
