@@ -23,9 +23,9 @@ one sequence's cache), not by running the
 prefill, so every prefix costs one decode compilation only. Each decode
 config runs --steps steps once to compile and warm up, then --reps timed
 loops of --steps steps; per-step time = median loop time / steps (inside
-jit, no dispatch gaps). The median leaves out a once-per-call cost: on the
-H200, hyquant's first timed call at 32K and 128K runs 0.3-0.5 ms a step
-slower than the next ones (docs/design.md, "Device loops and command buffers"); `step_ms_mean`,
+jit, no dispatch gaps). The median leaves out a once-per-call cost: with the
+Mosaic kernel in the graph, the first timed call runs slower than the next
+ones (docs/design.md, "Device loops and command buffers"); `step_ms_mean`,
 the mean over all timed steps, keeps it. A cache with a window ring
 (hyquant, KIVI, uniform) flushes each sequence's oldest block every
 block_size steps (64 for hyquant): --steps should be a multiple of that, so
@@ -624,8 +624,8 @@ def worker_env(args) -> dict:
     With the compilation cache on, JAX also points XLA's per-fusion autotune cache into it (its setting
     jax_persistent_cache_enable_xla_caches; this overrides --xla_gpu_per_fusion_autotune_cache_dir), so every
     worker, method and variant in one GPU call runs the GEMM kernels the first compile picked for each fusion.
-    Across calls (a fresh machine) the picks may differ: on the H200 one call took cuBLAS for the MLP's gate/up
-    projections, another the Triton GEMM, ~0.2 ms a step at B=1.
+    Across calls (a fresh machine) the picks may differ: one call took cuBLAS for the MLP's gate/up projections,
+    another the Triton GEMM, and the step time moved with the pick.
     """
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="true", XLA_PYTHON_CLIENT_MEM_FRACTION=args.mem_fraction)
     env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "hyquant_e2e_jax_cache"))

@@ -5,7 +5,7 @@ decode and the bf16 baselines (XLA, cuDNN) run in the benchmark's jitted loop
 (`common.jitted_loop`) once to compile and once under `jax.profiler.trace`;
 per kernel name it reports launches and microseconds per decode call, plus the
 share of the loop's span during which no kernel ran (launch gaps). It answers
-where the fixed ~10 us of a short-context hybrid decode call goes (kernel,
+where the fixed cost of a short-context hybrid decode call goes (kernel,
 merge, the XLA work around them, gaps). Writes OUT/NAME.json:
   PYTHONPATH=. python benchmarks/profile_decode.py --trace "B1 1K,B1 4K,B1 32K,smollm2" --out $OUT
 

@@ -9,8 +9,8 @@ whole array again and no dispatch gap is counted):
   gemv_wide  [1, 4096] @ [4096, N] (Qwen3-8B's hidden size).
 
 TB/s = array bytes / seconds per call (the small q and outputs are not counted); `best` is the largest.
-The old probe (one XLA sum of the whole array to a scalar, timed from Python) measured 2.4-3.4 TB/s on the
-H200 from run to run, well below what cuDNN's decode kernel moves (~4.2 TB/s), so it was no yardstick.
+One XLA sum of the whole array to a scalar, timed from Python, varied widely from run to run and stayed below
+what cuDNN's decode kernel moves, so it is no yardstick.
 
   python benchmarks/read_bandwidth.py --out benchmarks/results   # writes read_bandwidth_h200.json
 """

@@ -37,7 +37,7 @@ class HyQuantConfig:
         each block of `block_size` tokens (KIVI-style), values are per-token
         asymmetric. Keys carry per-channel outliers, so this scheme is far more
         accurate: on SmolLM2-135M, 96 greedy tokens agreed with bf16 99.0% of
-        the time vs 35.4% for "token_sym" (benchmarks/results/generate_smollm2_cpu_*.json).
+        the time vs 35.4% for "token_sym" (benchmarks/results/generate_*_cpu.json).
       group_size: channels sharing one per-token scale (None: the whole head).
       window: W, the number of most recent tokens always kept in full precision.
       block_size: tokens that leave the window together. The decode window is a

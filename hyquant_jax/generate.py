@@ -134,7 +134,7 @@ def prefill_compiler_options(xla_flags: str) -> dict[str, str]:
 
     Custom calls such as the Mosaic GPU prefill kernel then launch directly instead of from a graph: inside
     graphs, a 4K prefill of a 36-layer model left the GPU idle for 46 ms per call (0.130 s per prefill
-    against 0.120 s without them; bf16 unchanged; benchmarks/results/prefill_gap_*_v0/v1.json). The kinds
+    against 0.120 s without them; bf16 unchanged; 9b31f7a:benchmarks/results/prefill_gap_e2e_v{0,1}.json). The kinds
     are XLA's defaults (`XLA_COMMAND_BUFFER_KINDS`) less CUSTOM_CALL and CONDITIONAL. A command-buffer setting
     in `xla_flags` (XLA_FLAGS, read when this module is imported) wins.
     """

@@ -71,8 +71,8 @@ class DecoderLayer(nnx.Module):
     q_norm, k_norm: [D] or None. w_gate, w_up [E, F], w_down [F, E].
 
     Why fused: a decode step then runs one GEMM for q, k and v. Separately, XLA lowers the small k/v
-    products to a reduction fusion that delays the q GEMM behind it; on the H200 the fused weight made the
-    hybrid B=1 step 0.15-0.3 ms faster at 32K and bf16's no slower (docs/design.md, "Fused q/k/v"). Grouping
+    products to a reduction fusion that delays the q GEMM behind it, so the fused weight makes the decode
+    step faster (docs/design.md, "Fused q/k/v"). Grouping
     by KV head keeps each KV head and its query group together, so a split over the Hkv axis is a
     tensor-parallel split of whole GQA groups (`hyquant_jax.sharding`).
 
@@ -216,8 +216,8 @@ def model_keys(key: jax.Array, config: ModelConfig) -> jax.Array:
 class ModelDef:
     """A model's `nnx.GraphDef` as a static argument of `jax.jit`: its hash is computed once.
 
-    jit hashes every static argument on every call; a 36-layer GraphDef takes ~0.8 ms to hash (2-core CPU),
-    about ten times the rest of a call's dispatch. Equal when the graph definitions are equal.
+    jit hashes every static argument on every call, and hashing a deep GraphDef costs several times the rest
+    of a call's dispatch (docs/design.md, "Flax modules under jit"). Equal when the graph definitions are equal.
     """
 
     __slots__ = ("graphdef", "_hash")
@@ -247,9 +247,9 @@ class SplitModel(NamedTuple):
 
 def split_model(model: Decoder) -> SplitModel:
     """(ModelDef, weights) of a model, for jitted functions: weights is `nnx.state(model)` as a nested dict of
-    arrays ({"embed": ..., "layers": {0: {"wqkv": ...}, ...}, ...}). jit flattens such a dict ~4x faster than
-    the nnx.State of Params (0.1 vs 0.43 ms a call for a 36-layer model on a 2-core CPU). Split once, call
-    many times: the split itself walks the module graph (~4 ms)."""
+    arrays ({"embed": ..., "layers": {0: {"wqkv": ...}, ...}, ...}), which jit flattens faster than the
+    nnx.State of Params (docs/design.md, "Flax modules under jit"). Split once, call many times: the split
+    itself walks the module graph."""
     if not isinstance(model, nnx.Module):
         raise ValueError(f"model must be a models.Decoder (models.load_model, models.init_model), got "
                          f"{type(model).__name__}")
@@ -406,7 +406,8 @@ def _project_qkv(x, w, b):
 def layer_kernels(mode: str, ctx: PrefillContext | DecodeContext, config: ModelConfig) -> str:
     """How a model call runs its norms and RoPE: "xla" (jnp, `models.layers`), "triton" or "interpret"
     (`pallas_kernels.norm_rope`: one launch per residual add + RMSNorm and one for the q/k norms + RoPE of a
-    layer; decode steps only, where these ~6 small XLA kernels a layer cost ~1.1-1.8 us each).
+    layer; decode steps only, where the small XLA kernels they replace cost more to launch than to run:
+    docs/design.md, "Per-layer kernels").
 
     mode: "auto" (pallas on a GPU for a decode step whose hidden size and head_dim are powers of two, else
     xla), "xla", "triton" (decode steps only; raises where the shapes do not fit) or "interpret" (the same

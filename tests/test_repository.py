@@ -4,6 +4,7 @@ History lives in git (docs/design.md says how to reach the archived experiments)
 present tense and points to a docs/design.md section where the reason is long.
 """
 
+import fnmatch
 import re
 import subprocess
 from pathlib import Path
@@ -86,6 +87,96 @@ def test_design_references_name_existing_sections():
             if name not in headings:
                 missing.append(f"{path.relative_to(ROOT)}: {name!r}")
     assert not missing, f"unknown docs/design.md sections (headings: {sorted(headings)}):\n" + "\n".join(missing)
+
+
+# Result files cited in the tree. A citation `benchmarks/results/<file>` names a file of the tree; one written
+# `<commit>:<path>` (or `archive:<path>`, the same as ARCHIVE:<path>) names a file that lives only in git history.
+# `*` and `{a,b}` may stand for several files; a name with `<...>` is a template, not a citation.
+ARCHIVE = "9b31f7a"  # the commit that holds the experiment records (docs/design.md says what is there)
+_PATH = r"[\w.*<>-]*(?:\{[\w.,-]*\}[\w.*<>-]*)*(?:/[\w.*<>-]*(?:\{[\w.,-]*\}[\w.*<>-]*)*)*"
+IN_HISTORY = re.compile(r"(?<![\w/:])([0-9a-f]{7,40}|archive):([A-Za-z_]" + _PATH + ")")
+RESULTS = re.compile(r"(?<![\w/:.-])benchmarks/results/" + _PATH)
+GENERATED = {"docs/results.md"}  # written by benchmarks/report.py, quoting the commands recorded in result files
+
+
+def cited_paths(text: str) -> tuple[set[str], set[tuple[str, str]]]:
+    """(tree paths, (commit, path) pairs) cited in `text`, templates left out, `{a,b}` expanded."""
+    def expand(path: str) -> list[str]:
+        m = re.search(r"\{([^}]*)\}", path)
+        if not m:
+            return [path.rstrip(".")]
+        return [q for alt in m.group(1).split(",") for q in expand(path[:m.start()] + alt + path[m.end():])]
+
+    history = {(ARCHIVE if c == "archive" else c, q) for c, p in IN_HISTORY.findall(text) if "<" not in p
+               for q in expand(p)}
+    tree = {q for p in RESULTS.findall(text) if "<" not in p for q in expand(p)}
+    return tree, history
+
+
+def missing_in_tree(paths, root: Path = ROOT) -> list[str]:
+    return sorted(p for p in paths if not any(root.glob(p)))
+
+
+def test_the_citation_patterns_catch_what_they_should():
+    tree, history = cited_paths(
+        "see `benchmarks/results/e2e_h200.json`, benchmarks/results/chunked_prefill_{h200,h100}.json, "
+        "benchmarks/results/generate_*_cpu.json. `9b31f7a:benchmarks/results/a.patch`, archive:benchmarks/x.py "
+        "`git show 7cbf3c9:models/attention.py`; templates benchmarks/results/<benchmark>_<device>.json and "
+        "`9b31f7a:benchmarks/results/<name>.patch`")
+    assert tree == {"benchmarks/results/e2e_h200.json", "benchmarks/results/chunked_prefill_h200.json",
+                    "benchmarks/results/chunked_prefill_h100.json", "benchmarks/results/generate_*_cpu.json"}
+    assert history == {(ARCHIVE, "benchmarks/results/a.patch"), (ARCHIVE, "benchmarks/x.py"),
+                       ("7cbf3c9", "models/attention.py")}
+    assert missing_in_tree(["benchmarks/results/generate_*_cpu.json", "benchmarks/results/e2e_h200.json"]) == []
+    assert missing_in_tree(["benchmarks/results/generate_smollm2_cpu_*.json"])  # a file name of the past
+
+
+def _citations() -> tuple[dict[str, set[str]], dict[tuple[str, str], set[str]]]:
+    """Each cited tree path and (commit, path) pair, with the tracked files that cite it."""
+    tree, history = {}, {}
+    for path in tracked_text_files():
+        name = str(path.relative_to(ROOT))
+        if name in GENERATED or name.startswith("benchmarks/results/") or path.name == Path(__file__).name:
+            continue
+        in_tree, in_history = cited_paths(path.read_text(errors="replace"))
+        for p in in_tree:
+            tree.setdefault(p, set()).add(name)
+        for c in in_history:
+            history.setdefault(c, set()).add(name)
+    return tree, history
+
+
+def test_cited_result_files_exist():
+    """Every `benchmarks/results/...` file cited in a tracked file is in the tree (else cite it `<commit>:path`)."""
+    tree, _ = _citations()
+    missing = [f"{p} (cited in {', '.join(sorted(tree[p]))})" for p in missing_in_tree(tree)]
+    assert not missing, "cited result files missing from the tree:\n" + "\n".join(missing)
+
+
+def _git(*args: str) -> str | None:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def test_files_cited_at_a_commit_exist_there():
+    """Every `<commit>:<path>` citation names a file at that commit. A clone without that history (shallow, or
+    no git) skips the commits it lacks; in a full clone an unknown commit fails."""
+    _, history = _citations()
+    shallow = (_git("rev-parse", "--is-shallow-repository") or "true").strip() != "false"
+    listing, missing, lacked = {}, [], set()
+    for commit, path in sorted(history):
+        if commit not in listing:
+            files = _git("ls-tree", "-r", "--name-only", commit)
+            listing[commit] = None if files is None else files.splitlines()
+        if listing[commit] is None and shallow:
+            lacked.add(commit)
+        elif not fnmatch.filter(listing[commit] or [], path):
+            missing.append(f"{commit}:{path} (cited in {', '.join(sorted(history[commit, path]))})")
+    assert not missing, "cited files missing at their commit:\n" + "\n".join(missing)
+    if lacked:
+        pytest.skip(f"commits not in this clone: {', '.join(sorted(lacked))}")
 
 
 PACKAGES = ("hyquant_jax", "models", "pallas_kernels")
