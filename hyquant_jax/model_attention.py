@@ -102,7 +102,8 @@ def _staging(config, hq: HyQuantConfig, batch, prompt_len, dtype) -> PromptStagi
     return PromptStaging(jnp.zeros(kv, dtype), jnp.zeros(kv, dtype), jnp.zeros(tail, dtype))
 
 
-def _empty_vl(batch: int, heads: int):
+def empty_vl(batch: int, heads: int):
+    """No VL tokens: (vl_idx int32 [B, Hkv, 0], vl_count int32 [B] zeros), as `freeze(vl=...)` takes them."""
     return jnp.zeros((batch, heads, 0), jnp.int32), jnp.zeros((batch,), jnp.int32)
 
 
@@ -211,7 +212,7 @@ class QuantizedCacheAttention(RingFlushing):
             bf16 = BF16Attention(f32_probs=self.f32_probs)
             out = causal_attention(q, k, v, bf16._impl(), bf16._f32())
             dt = self.cache_dtype or k.dtype
-            vl = _empty_vl(k.shape[0], k.shape[1])
+            vl = empty_vl(k.shape[0], k.shape[1])
             cache = freeze(k.astype(dt), v.astype(dt), ctx.lengths, None, self.config, ctx.max_len, vl=vl,
                            min_length=ctx.min_length)
             return out, cache
@@ -221,7 +222,7 @@ class QuantizedCacheAttention(RingFlushing):
     def finish_prefill(self, layer, state, ctx: PrefillContext):
         if isinstance(state, HybridKVCache):
             return state
-        vl = _empty_vl(state.k.shape[0], state.k.shape[1])
+        vl = empty_vl(state.k.shape[0], state.k.shape[1])
         return freeze(state.k, state.v, ctx.lengths, None, self.config, ctx.max_len, vl=vl,
                       min_length=ctx.min_length)
 
