@@ -861,7 +861,7 @@ def generate_batches(model, tokenizer, samples, methods, cache_dtype, batch: int
 
 def greedy_section(model, tokenizer, haystack, sizes: Sizes, cache_dtype) -> dict:
     from benchmarks._accuracy_tasks import Sample, greedy_prompts
-    from hyquant_jax.generate_cli import agreement
+    from hyquant_jax.cli.generate import agreement
 
     prompts = greedy_prompts(haystack, tokenizer, sizes.greedy_prompts, sizes.greedy_length)
     samples = [Sample("greedy", sizes.greedy_length, 0.0, i, p, [], sizes.greedy_tokens)
