@@ -54,11 +54,15 @@ from hyquant_jax.cache import (
 from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.vti import tail_query_count, vertical_token_identification
 from models.attention import (
+    BATCH,
+    HEADS,
+    KV_HEADS,
     BF16Attention,
     DecodeContext,
     PrefillContext,
     causal_attention,
     check_chunk_impl,
+    logical_axes,
     prefix_attention,
     write_chunk,
 )
@@ -73,9 +77,9 @@ class PromptStaging:
     right-aligned queries of the last Wt prompt positions (zero before position 0).
     """
 
-    k: jax.Array
-    v: jax.Array
-    q_tail: jax.Array
+    k: jax.Array = logical_axes(BATCH, KV_HEADS)
+    v: jax.Array = logical_axes(BATCH, KV_HEADS)
+    q_tail: jax.Array = logical_axes(BATCH, HEADS)
 
 
 def _stage_chunk(state: PromptStaging, q, k, v, ctx: PrefillContext) -> PromptStaging:

@@ -29,7 +29,7 @@ from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.eval.causal_prefill import choose_vl, exact_causal_attention, hybrid_prefill
 from hyquant_jax.eval.sparse_attention import VerticalSparseAttention, sparse_prefill_attention
 from hyquant_jax.model_attention import HybridAttention, QuantizedCacheAttention, empty_vl
-from models.attention import BF16Attention, KVBuffer, PrefillContext, cache_slots
+from models.attention import BATCH, KV_HEADS, BF16Attention, KVBuffer, PrefillContext, cache_slots, logical_axes
 from models.transformer import ModelDef
 
 FLAVORS = ("exact", "hybrid", "sparse")
@@ -44,10 +44,10 @@ class PromptKV:
     [B, Hkv, K] (K = 0 for the exact flavor); vl_count: int32 [B].
     """
 
-    k: jax.Array
-    v: jax.Array
-    vl_idx: jax.Array
-    vl_count: jax.Array
+    k: jax.Array = logical_axes(BATCH, KV_HEADS)
+    v: jax.Array = logical_axes(BATCH, KV_HEADS)
+    vl_idx: jax.Array = logical_axes(BATCH, KV_HEADS)
+    vl_count: jax.Array = logical_axes(BATCH)
 
 
 def _prefill_relevant(config: HyQuantConfig) -> HyQuantConfig:
