@@ -258,7 +258,8 @@ def test_gpu_sharded_hyquant_equals_single_device(mesh_shape):
     decode kernel's lse), the outputs within the kernels' tolerance, and the decode also against the float
     reference. The shapes make each shard's decode take the Mosaic low-bit kernel (B x local KV heads x pages
     >= MOSAIC_MIN_PAGES)."""
-    from hyquant_jax import decode_launch, hybrid_decode_attention_reference
+    from hyquant_jax import decode_launch
+    from hyquant_jax.reference import hybrid_decode_attention_reference
     from models.attention import DecodeContext, PrefillContext
 
     config = HyQuantConfig()
