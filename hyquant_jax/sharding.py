@@ -60,6 +60,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -343,8 +344,6 @@ def put_replicated(x, mesh: Mesh) -> jax.Array:
 def to_host(x) -> np.ndarray:
     """A (possibly multi-host) array as one numpy array on this host."""
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
         return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(x)
 
