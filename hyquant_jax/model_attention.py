@@ -119,7 +119,8 @@ def _check_backend(name: str, value: str) -> None:
 class RingFlushing:
     """The once-per-step work of an attention over `HybridKVCache`s (a `config` attribute): flush the full
     window rings of all layers under one branch before a step, and say for how many steps no ring fills, so
-    that `hyquant_jax.generate.decode` runs those steps without the branch (see `steps_until_begin`)."""
+    that `hyquant_jax.generate.decode` runs those steps without the branch (see `steps_until_begin`); and a
+    step's append that leaves the flush to that branch (`append_step`)."""
 
     def begin_decode_step(self, states: tuple, ctx: DecodeContext) -> tuple:
         """Flush every full window ring of all layers under one branch (see `flush_full_rings`)."""
@@ -128,6 +129,12 @@ class RingFlushing:
     def steps_until_begin(self, states: tuple, ctx: DecodeContext) -> jax.Array:
         """Decode steps from now that need no flush (`steps_until_full`), called after `begin_decode_step`."""
         return steps_until_full(states, self.config, ctx.active)
+
+    def append_step(self, cache: HybridKVCache, k: jax.Array, v: jax.Array, ctx: DecodeContext) -> HybridKVCache:
+        """A decode step's k, v [B, Hkv, D] appended in the cache's dtype (`append`; the window flush only when
+        `begin_decode_step` has not run on this step)."""
+        dt = cache.dtype
+        return append(cache, k.astype(dt), v.astype(dt), self.config, active=ctx.active, flush=not ctx.prepared)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,8 +238,7 @@ class QuantizedCacheAttention(RingFlushing):
                       min_length=ctx.min_length)
 
     def decode(self, layer, q, k, v, cache: HybridKVCache, ctx: DecodeContext):
-        dt = cache.dtype
-        cache = append(cache, k.astype(dt), v.astype(dt), self.config, active=ctx.active, flush=not ctx.prepared)
+        cache = self.append_step(cache, k, v, ctx)
         f32 = BF16Attention(f32_probs=self.f32_probs)._f32()
         return dequantized_attention(q, cache, self.config, f32_probs=f32), cache
 

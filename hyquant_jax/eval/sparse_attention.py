@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hyquant_jax.cache import HybridKVCache, accumulate_ring_scores, append, freeze
+from hyquant_jax.cache import HybridKVCache, accumulate_ring_scores, freeze
 from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.eval.causal_prefill import choose_vl, grouped_causal_prefill
 from hyquant_jax.model_attention import RingFlushing
@@ -118,8 +118,7 @@ class VerticalSparseAttention(RingFlushing):
         return state
 
     def decode(self, layer, q, k, v, cache: HybridKVCache, ctx: DecodeContext):
-        dt = cache.dtype
-        cache = append(cache, k.astype(dt), v.astype(dt), self.config, active=ctx.active, flush=not ctx.prepared)
+        cache = self.append_step(cache, k, v, ctx)
         out, lse = vertical_sparse_decode_reference(q, cache, self.config)
         return out, accumulate_ring_scores(cache, q, lse, self.config)
 
