@@ -9,8 +9,8 @@ whether loops run on the device are XLA options that `jax.jit(compiler_options=.
   call.
 
 A setting of the same option in XLA_FLAGS (read when this module is imported, `XLA_FLAGS`) wins over these.
-On a CPU the options are accepted and change nothing. Why these: docs/design.md, "Device loops and command
-buffers".
+On a CPU the options are accepted and change nothing.
+Why these: docs/design.md, "Device loops and command buffers".
 """
 
 from __future__ import annotations
