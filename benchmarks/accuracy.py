@@ -84,7 +84,7 @@ PREFILL_METHODS = ("hyquant", "sage_int8", "sparse_vl")
 # float32 matmuls in full float32 on every device: jax's default on GPUs is TF32 (10-bit mantissa), on CPU
 # it is float32 already, so this makes a GPU run the computation a CPU run is.
 MATMUL_PRECISION = "highest"
-PREFILL_CHUNK = 512  # query rows per causal prefill chunk: hyquant_jax.evaluation.SharedPrefill's default
+PREFILL_CHUNK = 512  # query rows per causal prefill chunk: hyquant_jax.eval.SharedPrefill's default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,8 +266,8 @@ def make_method(name: str, cache_dtype, config=None):
     device (their default off-GPU only), as the reference backend of HyQuant and sparse_vl does.
     """
     from hyquant_jax.config import HyQuantConfig
+    from hyquant_jax.eval import VerticalSparseAttention
     from hyquant_jax.model_attention import HybridAttention, make_attention
-    from hyquant_jax.sparse_attention import VerticalSparseAttention
 
     if name.startswith("hyquant_"):
         bits = name.split("_")[1]  # e.g. "k4v2"
@@ -324,7 +324,7 @@ class Captures:
         """`count` windows of `length` tokens: a list of (q [L, Hq, T, D], k, v [L, Hkv, T, D]) float32."""
         import jax.numpy as jnp
 
-        from hyquant_jax.evaluation import capture_qkv
+        from hyquant_jax.eval import capture_qkv
 
         have = self.store.setdefault(length, [])
         stride = len(self.tokens) // 16
@@ -390,7 +390,7 @@ def _vti(q, k, config):
     """HyQuant's VL set of one layer's prompt: q [Hq, T, D], k [Hkv, T, D] -> int [Hkv, K] (-1 padded)."""
     import jax.numpy as jnp
 
-    from hyquant_jax.evaluation import choose_vl
+    from hyquant_jax.eval import choose_vl
 
     return choose_vl(q[None], k[None], jnp.array([q.shape[1]], jnp.int32), config)[0][0]
 
@@ -399,7 +399,7 @@ def coverage_section(captures: Captures, sizes: Sizes, model_cfg) -> dict:
     import numpy as np
 
     from hyquant_jax.config import HyQuantConfig
-    from hyquant_jax.evaluation import column_mass
+    from hyquant_jax.eval import column_mass
 
     config = HyQuantConfig()
     group = model_cfg.num_heads // model_cfg.num_kv_heads
@@ -472,7 +472,7 @@ class OperatorRunner:
         self.length, self.qkv, self.ref = None, None, None
 
     def at(self, length: int) -> OperatorRunner:
-        from hyquant_jax.evaluation import decode_operator_reference
+        from hyquant_jax.eval import decode_operator_reference
 
         if length != self.length:
             self.qkv = self.ref = None
@@ -482,7 +482,7 @@ class OperatorRunner:
         return self
 
     def cell(self, attention) -> dict:
-        from hyquant_jax.evaluation import decode_operator, relative_mse
+        from hyquant_jax.eval import decode_operator, relative_mse
 
         out = decode_operator(attention, *self.qkv, self.length - self.queries)
         rel = relative_mse(out, self.ref)
@@ -549,9 +549,8 @@ def prefill_error_section(captures: Captures, sizes: Sizes, model_cfg) -> dict:
     import numpy as np
 
     from hyquant_jax.config import HyQuantConfig
-    from hyquant_jax.evaluation import exact_causal_attention, hybrid_prefill, relative_mse
+    from hyquant_jax.eval import exact_causal_attention, hybrid_prefill, relative_mse, sparse_prefill_attention
     from hyquant_jax.reference import uniform_quantized_prefill_reference
-    from hyquant_jax.sparse_attention import sparse_prefill_attention
 
     config = HyQuantConfig()
     fns = {"hyquant": lambda q, k, v, n: hybrid_prefill(q, k, v, n, config, query_chunk=256)[0],
@@ -587,7 +586,7 @@ def flavor_groups(names, cache_dtype, query_chunk: int = PREFILL_CHUNK) -> dict:
     query_chunk: query rows per causal chunk of the prefill (only memory, compile
     time and float summation order depend on it).
     """
-    from hyquant_jax.evaluation import prefill_flavor
+    from hyquant_jax.eval import prefill_flavor
 
     methods = [(name, make_method(name, cache_dtype)) for name in names]
     flavors = [dataclasses.replace(prefill_flavor(att, cache_dtype, exact=name == EXACT_PREFILL),
@@ -608,7 +607,7 @@ def perplexity_section(model, wiki_tokens, sizes: Sizes, cache_dtype) -> dict:
     import numpy as np
 
     from benchmarks._accuracy_tasks import window_starts
-    from hyquant_jax.evaluation import decode_states, run_prefill, teacher_forced_nll
+    from hyquant_jax.eval import decode_states, run_prefill, teacher_forced_nll
     from models import split_model
 
     model = split_model(model)
@@ -817,7 +816,7 @@ def generate_batches(model, tokenizer, samples, methods, cache_dtype, batch: int
     import jax.numpy as jnp
     import numpy as np
 
-    from hyquant_jax.evaluation import decode_states, run_prefill
+    from hyquant_jax.eval import decode_states, run_prefill
     from hyquant_jax.generate import decode
     from hyquant_jax.sampling import SamplingConfig
     from models import split_model
@@ -862,7 +861,7 @@ def generate_batches(model, tokenizer, samples, methods, cache_dtype, batch: int
 
 def greedy_section(model, tokenizer, haystack, sizes: Sizes, cache_dtype) -> dict:
     from benchmarks._accuracy_tasks import Sample, greedy_prompts
-    from hyquant_jax.generate_cli import agreement
+    from hyquant_jax.cli.generate import agreement
 
     prompts = greedy_prompts(haystack, tokenizer, sizes.greedy_prompts, sizes.greedy_length)
     samples = [Sample("greedy", sizes.greedy_length, 0.0, i, p, [], sizes.greedy_tokens)

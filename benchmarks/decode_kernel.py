@@ -34,8 +34,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import hyquant_jax as hq  # noqa: E402
 from benchmarks.common import default_name, environment, output_folder, time_in_loop, time_per_call, write_json  # noqa: E402
 from benchmarks.read_bandwidth import read_bandwidth  # noqa: E402
+from hyquant_jax import quant  # noqa: E402
 from hyquant_jax.decode_launch import DecodeTuning, decode_layout, use_mosaic_low_bit  # noqa: E402
-from hyquant_jax.decode_launch import decode_attention as kernel_decode
+from hyquant_jax.decode_launch import decode_attention as kernel_decode  # noqa: E402
+from hyquant_jax.reference import hybrid_decode_attention_reference  # noqa: E402
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -106,18 +108,18 @@ def kivi_quantize(k, v):
     b, h, s, d = k.shape
     pad = (-s) % KIVI_GROUP
     kp = jnp.pad(k, ((0, 0), (0, 0), (0, pad), (0, 0))).reshape(b, h, -1, KIVI_GROUP, d)
-    kc, ks, kz = hq.quantize_channels(kp, 4)
-    vc, vs, vz = hq.quantize_tokens(v, 4, symmetric=False)
-    return dict(k_codes=hq.pack(kc.reshape(b, h, -1, d), 4), k_scale=ks, k_zero=kz,
-                v_codes=hq.pack(vc, 4), v_scale=vs, v_zero=vz)
+    kc, ks, kz = quant.quantize_channels(kp, 4)
+    vc, vs, vz = quant.quantize_tokens(v, 4, symmetric=False)
+    return dict(k_codes=quant.pack(kc.reshape(b, h, -1, d), 4), k_scale=ks, k_zero=kz,
+                v_codes=quant.pack(vc, 4), v_scale=vs, v_zero=vz)
 
 
 def kivi_attention(q, kivi, attend):
     b, h, s, dp = kivi["v_codes"].shape
     d = 2 * dp
-    kc = hq.unpack(kivi["k_codes"], 4).reshape(b, h, -1, KIVI_GROUP, d)
-    k = hq.dequantize_channels(kc, kivi["k_scale"], kivi["k_zero"]).reshape(b, h, -1, d)[:, :, :s]
-    v = hq.dequantize_tokens(hq.unpack(kivi["v_codes"], 4), kivi["v_scale"], kivi["v_zero"], 4)
+    kc = quant.unpack(kivi["k_codes"], 4).reshape(b, h, -1, KIVI_GROUP, d)
+    k = quant.dequantize_channels(kc, kivi["k_scale"], kivi["k_zero"]).reshape(b, h, -1, d)[:, :, :s]
+    v = quant.dequantize_tokens(quant.unpack(kivi["v_codes"], 4), kivi["v_scale"], kivi["v_zero"], 4)
     k = jnp.swapaxes(k.astype(jnp.bfloat16), 1, 2)
     v = jnp.swapaxes(v.astype(jnp.bfloat16), 1, 2)
     return attend(q, k, v)
@@ -149,7 +151,7 @@ def hybrid_fn(config, tuning):
 
 
 def check_hybrid(inp: Inputs, config, tuning) -> float:
-    ref, _ = hq.hybrid_decode_attention_reference(inp.q.astype(jnp.float32), inp.cache, config)
+    ref, _ = hybrid_decode_attention_reference(inp.q.astype(jnp.float32), inp.cache, config)
     out, _ = kernel_decode(inp.q, inp.cache, config, tuning=tuning, interpret=INTERPRET)
     out = np.asarray(out, np.float32)
     if not np.all(np.isfinite(out)):

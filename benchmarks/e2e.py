@@ -279,7 +279,8 @@ def _layer_cache(attention, config, key, prefix, max_len):
     import jax
     import jax.numpy as jnp
 
-    from hyquant_jax import HybridAttention, freeze
+    from hyquant_jax import freeze
+    from hyquant_jax.model_attention import HybridAttention
     from models import KVBuffer
     from models.attention import cache_slots
 
@@ -344,8 +345,8 @@ def _decode_config(args, model, attention, method, prefix, batch, mesh=None):
     import jax.numpy as jnp
     import numpy as np
 
-    from hyquant_jax import SamplingConfig, kv_cache_bytes
-    from hyquant_jax.generate import decode, decode_in_place, last_tokens
+    from hyquant_jax import SamplingConfig
+    from hyquant_jax.generate import decode, decode_in_place, kv_cache_bytes, last_tokens
     from hyquant_jax.sharding import check_batch_fits, shard_bytes
     from models import split_model
 

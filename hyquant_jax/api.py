@@ -17,19 +17,21 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from hyquant_jax.config import HyQuantConfig
+from hyquant_jax.generate import generate, kv_cache_bytes
+from hyquant_jax.model_attention import ATTENTION_KINDS, make_attention
 from hyquant_jax.sampling import SamplingConfig
+from models.checkpoint import default_model_path, load_model
 
 DTYPES = ("auto", "bfloat16", "float32")
 
 
 def compute_dtype(name: str):
     """"auto": bfloat16 on a GPU, float32 on a CPU (whose bf16 matmuls are slow); else the named dtype."""
-    import jax
-    import jax.numpy as jnp
-
     if name not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {name!r}")
     if name == "auto":
@@ -117,11 +119,6 @@ class Model:
         mesh: a ("data", "model") mesh (`hyquant_jax.sharding.make_mesh`) to split the model over devices.
         on_text: streaming: called with each sequence's new text as it is decoded (a list, one str per prompt).
         """
-        import jax.numpy as jnp
-
-        from hyquant_jax.generate import generate, kv_cache_bytes
-        from hyquant_jax.model_attention import ATTENTION_KINDS, make_attention
-
         if attention not in ATTENTION_KINDS:
             raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {attention!r}")
         if config is not None and not isinstance(config, HyQuantConfig):
@@ -206,8 +203,6 @@ def load(model: str | Path | None = None, *, dtype: str = "auto", progress: bool
     """Load a checkpoint: None (the default SmolLM2-135M-Instruct, Q4_1 GGUF), a Hugging Face folder
     (config.json, *.safetensors, tokenizer.json) or a .gguf file (llama, qwen2 or qwen3 architecture).
     dtype: of the weights and activations ("auto": bfloat16 on a GPU, float32 on a CPU)."""
-    from models.checkpoint import default_model_path, load_model
-
     if model is not None and not isinstance(model, (str, Path)):
         raise ValueError(f"model must be None, a path string or a pathlib.Path, got {type(model).__name__}")
     dt = compute_dtype(dtype)

@@ -33,6 +33,7 @@ from hyquant_jax.backends import BACKENDS, resolve_backend
 from hyquant_jax.config import HyQuantConfig, as_lengths, check_config, num_vl_tokens
 from hyquant_jax.reorder import stable_partition
 from hyquant_jax.vti import vertical_token_identification
+from models.attention import BATCH, KV_HEADS, logical_axes
 
 SLOT_ALIGN = 256  # low-bit slots are padded to a multiple of this (kernel tiling)
 VL_ALIGN = 64  # VL capacity is padded to a multiple of this (kernel tile)
@@ -68,23 +69,25 @@ class HybridKVCache:
     max_len: static capacity in tokens per sequence.
     """
 
-    k_codes: jax.Array
-    k_scale: jax.Array | None
-    k_zero: jax.Array | None
-    v_codes: jax.Array
-    v_scale: jax.Array | None
-    v_zero: jax.Array | None
-    page_count: jax.Array
-    num_pages: jax.Array
-    vl_k: jax.Array
-    vl_v: jax.Array
-    num_vl: jax.Array
-    ring_k: jax.Array
-    ring_v: jax.Array
-    ring_score: jax.Array
-    ring_start: jax.Array
-    ring_len: jax.Array
-    length: jax.Array
+    # Each array's leading logical axes (`models.attention.logical_axes`): the per-head arrays are split by
+    # sequence and KV head, the per-sequence counters by sequence only (`hyquant_jax.sharding` reads these).
+    k_codes: jax.Array = logical_axes(BATCH, KV_HEADS)
+    k_scale: jax.Array | None = logical_axes(BATCH, KV_HEADS)
+    k_zero: jax.Array | None = logical_axes(BATCH, KV_HEADS)
+    v_codes: jax.Array = logical_axes(BATCH, KV_HEADS)
+    v_scale: jax.Array | None = logical_axes(BATCH, KV_HEADS)
+    v_zero: jax.Array | None = logical_axes(BATCH, KV_HEADS)
+    page_count: jax.Array = logical_axes(BATCH)
+    num_pages: jax.Array = logical_axes(BATCH)
+    vl_k: jax.Array = logical_axes(BATCH, KV_HEADS)
+    vl_v: jax.Array = logical_axes(BATCH, KV_HEADS)
+    num_vl: jax.Array = logical_axes(BATCH)
+    ring_k: jax.Array = logical_axes(BATCH, KV_HEADS)
+    ring_v: jax.Array = logical_axes(BATCH, KV_HEADS)
+    ring_score: jax.Array = logical_axes(BATCH, KV_HEADS)
+    ring_start: jax.Array = logical_axes(BATCH)
+    ring_len: jax.Array = logical_axes(BATCH)
+    length: jax.Array = logical_axes(BATCH)
     max_len: int
 
     @property

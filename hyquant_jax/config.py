@@ -23,6 +23,16 @@ _POW2_BLOCKS = (16, 32, 64, 128, 256)
 RHO_MAX_DENOMINATOR = 10_000
 
 
+def setting(default, help: str, *, choices: tuple | None = None, option: str | None = ""):
+    """A HyQuantConfig field with its command-line description (field metadata, read by `hyquant_jax.cli`).
+
+    help: what the option does; choices: the values it accepts (None: any of the field's type); option: its
+    flag ("": from the field name, e.g. --key-bits; None: not a command-line option). A bool field's option
+    is a flag that sets the opposite of its default, and its help says what the flag does.
+    """
+    return dataclasses.field(default=default, metadata={"help": help, "choices": choices, "option": option})
+
+
 @dataclasses.dataclass(frozen=True)
 class HyQuantConfig:
     """Hybrid-precision attention settings.
@@ -52,16 +62,20 @@ class HyQuantConfig:
         the `window` keys before it and itself in full precision.
     """
 
-    key_bits: int = 4
-    value_bits: int = 4
-    scheme: str = "channel_key"
-    group_size: int | None = None
-    window: int = 128
-    block_size: int = 64
-    rho: float = 0.05
-    promote_flushed: bool = True
-    prefill_qk: str = "int8"
-    prefill_block: int = 64
+    key_bits: int = setting(4, "bits per key element (16 = keep bf16)", choices=BITS)
+    value_bits: int = setting(4, "bits per value element (16 = keep bf16)", choices=BITS)
+    scheme: str = setting("channel_key", "low-bit scaling scheme (channel_key: per-channel keys per block, "
+                                         "per-token values)", choices=SCHEMES)
+    # Not a command-line option: the tested HyQuant settings scale whole heads; the KIVI baseline sets it.
+    group_size: int | None = setting(None, "channels sharing one per-token scale (None: the whole head)",
+                                     option=None)
+    window: int = setting(128, "W: recent tokens kept in full precision")
+    block_size: int = setting(64, "tokens flushed from the window at once")
+    rho: float = setting(0.05, "share of the prefix kept as full-precision VL tokens")
+    promote_flushed: bool = setting(True, "never promote flushed tokens to VL", option="--no-promote")
+    prefill_qk: str = setting("int8", "number format of Q.K for the quantized segment of hybrid prefill",
+                              choices=PREFILL_QK_FORMATS)
+    prefill_block: int = setting(64, "query block of hybrid prefill (power of two, 16-256; must divide --window)")
 
     def __post_init__(self):
         for name in ("key_bits", "value_bits"):

@@ -32,6 +32,7 @@ from hyquant_jax.attention import check_tuning, decode_step, prefill_attention
 from hyquant_jax.backends import BACKENDS
 from hyquant_jax.cache import HybridKVCache, freeze
 from hyquant_jax.config import HyQuantConfig
+from models.attention import BATCH, KV_HEADS, logical_axes
 
 MODES = ("prefill", "decode")
 
@@ -46,11 +47,11 @@ class PromptCache:
     tokens; vl_count: int32 [B] valid entries of vl_idx per sequence.
     """
 
-    k: jax.Array
-    v: jax.Array
-    lengths: jax.Array
-    vl_idx: jax.Array
-    vl_count: jax.Array
+    k: jax.Array = logical_axes(BATCH, KV_HEADS)
+    v: jax.Array = logical_axes(BATCH, KV_HEADS)
+    lengths: jax.Array = logical_axes(BATCH)
+    vl_idx: jax.Array = logical_axes(BATCH, KV_HEADS)
+    vl_count: jax.Array = logical_axes(BATCH)
 
 
 class HyQuantAttention(nnx.Module):

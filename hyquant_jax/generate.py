@@ -18,7 +18,7 @@ merged back into the module at trace time (split once, call many times):
    sequence stops at one of `eos_ids` or after `max_new_tokens`; the loop
    ends when all have stopped. Loops that stop on data (stop tokens, the
    hybrid cache's runs between window flushes) run as device-side loops in
-   one CUDA graph on the GPU (`uses_device_loops`).
+   one CUDA graph on the GPU (`hyquant_jax.compile_options`).
 
 Capacities are static: `max_len` tokens per sequence, checked on the host.
 """
@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 import time
 from collections.abc import Sequence
 from functools import partial
@@ -38,6 +37,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hyquant_jax import sharding
+from hyquant_jax.compile_options import (
+    XLA_FLAGS,
+    DeviceLoopJit,
+    TopLevelJit,
+    jit_with_options,
+    prefill_compiler_options,
+)
 from hyquant_jax.sampling import SamplingConfig, sample
 from models.attention import DecodeContext, PrefillContext, begin_decode_step, steps_until_begin
 from models.config import ModelConfig
@@ -102,50 +109,8 @@ def _layer_states(attention, config, batch, prompt_len, max_len, dtype, whole):
                  for _ in range(config.num_layers))
 
 
-class _TopLevelJit:
-    """`jax.jit(fn, compiler_options=..., **kwargs)` when called at the top level; inside a caller's trace a
-    plain `jax.jit(fn, **kwargs)`, since JAX accepts compiler options on top-level jits only (the caller's
-    program is compiled with its own options). `lower` lowers the top-level one."""
-
-    def __init__(self, fn, compiler_options: dict, **kwargs):
-        self.top = jax.jit(fn, compiler_options=compiler_options, **kwargs)
-        self.nested = jax.jit(fn, **kwargs)
-        functools.update_wrapper(self, fn)
-
-    def __call__(self, *args, **kwargs):
-        traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs)))
-        return (self.nested if traced else self.top)(*args, **kwargs)
-
-    def lower(self, *args, **kwargs):
-        return self.top.lower(*args, **kwargs)
-
-
-def _jit_with_options(compiler_options: dict, **kwargs):
-    return lambda fn: _TopLevelJit(fn, compiler_options, **kwargs)
-
-
-# XLA's command-buffer kinds by default in jax 0.11.2 (read from its DebugOptions)
-XLA_COMMAND_BUFFER_KINDS = ("FUSION", "CUBLAS", "CUBLASLT", "CUDNN", "CUSTOM_CALL", "DYNAMIC_SLICE_FUSION",
-                            "CONDITIONAL")
-
-
-def prefill_compiler_options(xla_flags: str) -> dict[str, str]:
-    """XLA options of the jitted `prefill`: command buffers (CUDA graphs) without custom calls.
-
-    Custom calls such as the Mosaic GPU prefill kernel then launch directly instead of from a graph: inside
-    graphs, a 4K prefill of a 36-layer model left the GPU idle for 46 ms per call (0.130 s per prefill
-    against 0.120 s without them; bf16 unchanged; 9b31f7a:benchmarks/results/prefill_gap_e2e_v{0,1}.json). The kinds
-    are XLA's defaults (`XLA_COMMAND_BUFFER_KINDS`) less CUSTOM_CALL and CONDITIONAL. A command-buffer setting
-    in `xla_flags` (XLA_FLAGS, read when this module is imported) wins.
-    """
-    if "xla_gpu_enable_command_buffer" in xla_flags:
-        return {}
-    kinds = [k for k in XLA_COMMAND_BUFFER_KINDS if k not in ("CUSTOM_CALL", "CONDITIONAL")]
-    return {"xla_gpu_enable_command_buffer": ",".join(kinds)}
-
-
-@_jit_with_options(prefill_compiler_options(os.environ.get("XLA_FLAGS", "")),
-                   static_argnames=("model_def", "attention", "sampling", "chunk", "max_len", "min_length"))
+@jit_with_options(prefill_compiler_options(XLA_FLAGS),
+                  static_argnames=("model_def", "attention", "sampling", "chunk", "max_len", "min_length"))
 def prefill(model_def: ModelDef, weights, tokens: jax.Array, lengths: jax.Array, key: jax.Array, *, attention,
             sampling: SamplingConfig, chunk: int, max_len: int, min_length: int = 0):
     """Prompts -> (first sampled token int32 [B], logits float32 [B, V], decode states).
@@ -189,66 +154,11 @@ def _is_eos(tokens, eos_ids: tuple[int, ...]):
     return hit
 
 
-def decode_compiler_options(xla_flags: str, device_loops: bool = False) -> dict[str, str]:
-    """XLA options of the jitted `decode`: the loop body's CUDA graph ordered by data only (CONCURRENT), and
-    with `device_loops` WHILE among the command-buffer kinds.
-
-    XLA's default (LHS) chains the graph's kernels in program order; CONCURRENT lets independent kernels
-    (e.g. the hybrid decode's two attention launches, or a layer's norm and cache writes next to its
-    products) overlap. Same call on the H200, B=1 Qwen3-8B shape, ms per step at 1K / 32K: bf16 4.84 / 6.25 ->
-    4.58 / 6.00; hyquant with a branch-free step 5.31 / 6.21 -> 5.21 / 6.04 (with a `lax.cond` in every step
-    it was 5.37 / 6.19, hence `steps_until_begin`).
-
-    device_loops: a while loop whose trip count XLA cannot know (it stops on data) otherwise runs from the
-    host: each step the host reads the condition back, waits for the GPU to drain, then launches the next
-    body graph. With WHILE the loops become device-side loops inside one CUDA graph (nothing per step on the
-    host). See `uses_device_loops` for when `decode` takes them, and docs/design.md ("Device loops and
-    command buffers") for the measurements. A setting of the same option in `xla_flags` (XLA_FLAGS, read at
-    import) wins.
-    """
-    options = {}
-    if "xla_gpu_command_buffer_scheduling_mode" not in xla_flags:
-        options["xla_gpu_command_buffer_scheduling_mode"] = "CONCURRENT"
-    if device_loops and "xla_gpu_enable_command_buffer" not in xla_flags:
-        options["xla_gpu_enable_command_buffer"] = ",".join(XLA_COMMAND_BUFFER_KINDS + ("WHILE",))
-    return options
-
-
-def uses_device_loops(attention, eos_ids: tuple[int, ...]) -> bool:
-    """Whether `decode`'s loops stop on data: with stop tokens, or with an attention that runs the steps
-    between its once-per-step work in an inner loop (`steps_until_begin`: the hybrid cache). XLA knows the
-    trip count of the other loops (no stop tokens, one flat loop) and launches their steps from the host
-    without reading anything back, which measured faster than a device-side loop; the rest run on the
-    device (`decode_compiler_options`)."""
-    inner = getattr(attention, "inner", attention)  # hyquant_jax.sharding.ShardedAttention wraps one
-    return bool(eos_ids) or getattr(inner, "steps_until_begin", None) is not None
-
-
 DECODE_JIT = dict(static_argnames=("model_def", "attention", "sampling", "max_new_tokens", "eos_ids", "pad_id",
                                    "layer_kernels"), donate_argnames=("states",))
 
 
-class _DecodeJit:
-    """`decode` as two top-level jits, with host-driven or device-side loops (`uses_device_loops` of the call's
-    attention and eos_ids picks one); each compiles on first use. jit_kwargs: `DECODE_JIT` by default."""
-
-    def __init__(self, fn, xla_flags: str, **jit_kwargs):
-        jit_kwargs = jit_kwargs or DECODE_JIT
-        self.host = _TopLevelJit(fn, decode_compiler_options(xla_flags), **jit_kwargs)
-        self.device = _TopLevelJit(fn, decode_compiler_options(xla_flags, device_loops=True), **jit_kwargs)
-        functools.update_wrapper(self, fn)
-
-    def _pick(self, kwargs):
-        return self.device if uses_device_loops(kwargs["attention"], kwargs["eos_ids"]) else self.host
-
-    def __call__(self, *args, **kwargs):
-        return self._pick(kwargs)(*args, **kwargs)
-
-    def lower(self, *args, **kwargs):
-        return self._pick(kwargs).lower(*args, **kwargs)
-
-
-@functools.partial(_DecodeJit, xla_flags=os.environ.get("XLA_FLAGS", ""))
+@functools.partial(DeviceLoopJit, xla_flags=XLA_FLAGS, **DECODE_JIT)
 def decode(model_def: ModelDef, weights, states: tuple, first: jax.Array, lengths: jax.Array, key: jax.Array, *,
            attention, sampling: SamplingConfig, max_new_tokens: int, eos_ids: tuple[int, ...], pad_id: int,
            layer_kernels: str | None = None):
@@ -257,8 +167,8 @@ def decode(model_def: ModelDef, weights, states: tuple, first: jax.Array, length
     An attention with once-per-step work (`begin_decode_step`: the hybrid cache's ring-flush branch) that
     can say how many steps need none of it (`steps_until_begin`) runs it only then, with the steps in
     between in an inner loop without it: the same steps, states and tokens as calling it every step. (Under
-    XLA's default scheduling the branch costs little; under CONCURRENT, see `decode_compiler_options`, a
-    branch in every step made the B=1 1K step 0.16 ms slower on the H200.)
+    CONCURRENT scheduling, `compile_options.decode_compiler_options`, a branch in every step made the step
+    slower: docs/design.md, "Device loops and command buffers".)
 
     model_def, weights: the model, `models.split_model(model)`.
     first: int32 [B] the token sampled after the prompt (generated token 0);
@@ -337,8 +247,8 @@ def _decode_in_place(model_def: ModelDef, weights, states: tuple, first: jax.Arr
     Why: on the GPU, XLA runs the decode as CUDA graphs and, before a call runs, re-records the commands of a
     graph whose buffers moved (with the hybrid cache's device-side loops, commands inside the loop bodies).
     `decode` gives its outputs new buffers on every call (the caller still holds the previous ones) and reads
-    first and lengths wherever the caller made them. Measured on the H200: no faster than `decode`, whose
-    states keep their buffers already; the moves of its small outputs cost nothing measurable.
+    first and lengths wherever the caller made them. It measured no faster than `decode`, whose states keep
+    their buffers already (docs/design.md, "Buffer donation").
     """
     tokens, steps = previous  # only their buffers are used: they receive this call's tokens and step count
     want = ((first.shape[0], static["max_new_tokens"]), ())
@@ -349,8 +259,8 @@ def _decode_in_place(model_def: ModelDef, weights, states: tuple, first: jax.Arr
     return _decode_loop(model_def, weights, states, first, lengths, key, **static)
 
 
-decode_in_place = _DecodeJit(
-    _decode_in_place, os.environ.get("XLA_FLAGS", ""), static_argnames=DECODE_JIT["static_argnames"],
+decode_in_place = DeviceLoopJit(
+    _decode_in_place, XLA_FLAGS, static_argnames=DECODE_JIT["static_argnames"],
     donate_argnames=("states", "first", "lengths", "previous"), keep_unused=True)  # jit drops unused inputs
 
 
@@ -362,9 +272,9 @@ def last_tokens(tokens: jax.Array, counts: jax.Array) -> jax.Array:
 
 
 def decode_with_options(compiler_options: dict[str, str]):
-    """`decode` compiled with these XLA options instead of `decode_compiler_options`' (benchmarks compare
-    options in one process with it)."""
-    return _TopLevelJit(_decode_loop, compiler_options, **DECODE_JIT)
+    """`decode` compiled with these XLA options instead of `compile_options.decode_compiler_options`'
+    (benchmarks compare options in one process with it)."""
+    return TopLevelJit(_decode_loop, compiler_options, **DECODE_JIT)
 
 
 def check_capacity(lengths: np.ndarray, padded_len: int, max_new_tokens: int, max_len: int | None,
@@ -446,8 +356,6 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, attention,
     key = jax.random.PRNGKey(seed)
     put, host = jnp.asarray, np.asarray
     if mesh is not None:
-        from hyquant_jax import sharding
-
         model, attention = sharding.prepare(model, attention, mesh, batch=len(prompts))
         put, host = partial(sharding.put_batch, mesh=mesh), sharding.to_host
         key = sharding.put_replicated(key, mesh)

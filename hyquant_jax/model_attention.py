@@ -54,11 +54,15 @@ from hyquant_jax.cache import (
 from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.vti import tail_query_count, vertical_token_identification
 from models.attention import (
+    BATCH,
+    HEADS,
+    KV_HEADS,
     BF16Attention,
     DecodeContext,
     PrefillContext,
     causal_attention,
     check_chunk_impl,
+    logical_axes,
     prefix_attention,
     write_chunk,
 )
@@ -73,9 +77,9 @@ class PromptStaging:
     right-aligned queries of the last Wt prompt positions (zero before position 0).
     """
 
-    k: jax.Array
-    v: jax.Array
-    q_tail: jax.Array
+    k: jax.Array = logical_axes(BATCH, KV_HEADS)
+    v: jax.Array = logical_axes(BATCH, KV_HEADS)
+    q_tail: jax.Array = logical_axes(BATCH, HEADS)
 
 
 def _stage_chunk(state: PromptStaging, q, k, v, ctx: PrefillContext) -> PromptStaging:
@@ -102,7 +106,8 @@ def _staging(config, hq: HyQuantConfig, batch, prompt_len, dtype) -> PromptStagi
     return PromptStaging(jnp.zeros(kv, dtype), jnp.zeros(kv, dtype), jnp.zeros(tail, dtype))
 
 
-def _empty_vl(batch: int, heads: int):
+def empty_vl(batch: int, heads: int):
+    """No VL tokens: (vl_idx int32 [B, Hkv, 0], vl_count int32 [B] zeros), as `freeze(vl=...)` takes them."""
     return jnp.zeros((batch, heads, 0), jnp.int32), jnp.zeros((batch,), jnp.int32)
 
 
@@ -114,7 +119,8 @@ def _check_backend(name: str, value: str) -> None:
 class RingFlushing:
     """The once-per-step work of an attention over `HybridKVCache`s (a `config` attribute): flush the full
     window rings of all layers under one branch before a step, and say for how many steps no ring fills, so
-    that `hyquant_jax.generate.decode` runs those steps without the branch (see `steps_until_begin`)."""
+    that `hyquant_jax.generate.decode` runs those steps without the branch (see `steps_until_begin`); and a
+    step's append that leaves the flush to that branch (`append_step`)."""
 
     def begin_decode_step(self, states: tuple, ctx: DecodeContext) -> tuple:
         """Flush every full window ring of all layers under one branch (see `flush_full_rings`)."""
@@ -123,6 +129,12 @@ class RingFlushing:
     def steps_until_begin(self, states: tuple, ctx: DecodeContext) -> jax.Array:
         """Decode steps from now that need no flush (`steps_until_full`), called after `begin_decode_step`."""
         return steps_until_full(states, self.config, ctx.active)
+
+    def append_step(self, cache: HybridKVCache, k: jax.Array, v: jax.Array, ctx: DecodeContext) -> HybridKVCache:
+        """A decode step's k, v [B, Hkv, D] appended in the cache's dtype (`append`; the window flush only when
+        `begin_decode_step` has not run on this step)."""
+        dt = cache.dtype
+        return append(cache, k.astype(dt), v.astype(dt), self.config, active=ctx.active, flush=not ctx.prepared)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,7 +223,7 @@ class QuantizedCacheAttention(RingFlushing):
             bf16 = BF16Attention(f32_probs=self.f32_probs)
             out = causal_attention(q, k, v, bf16._impl(), bf16._f32())
             dt = self.cache_dtype or k.dtype
-            vl = _empty_vl(k.shape[0], k.shape[1])
+            vl = empty_vl(k.shape[0], k.shape[1])
             cache = freeze(k.astype(dt), v.astype(dt), ctx.lengths, None, self.config, ctx.max_len, vl=vl,
                            min_length=ctx.min_length)
             return out, cache
@@ -221,13 +233,12 @@ class QuantizedCacheAttention(RingFlushing):
     def finish_prefill(self, layer, state, ctx: PrefillContext):
         if isinstance(state, HybridKVCache):
             return state
-        vl = _empty_vl(state.k.shape[0], state.k.shape[1])
+        vl = empty_vl(state.k.shape[0], state.k.shape[1])
         return freeze(state.k, state.v, ctx.lengths, None, self.config, ctx.max_len, vl=vl,
                       min_length=ctx.min_length)
 
     def decode(self, layer, q, k, v, cache: HybridKVCache, ctx: DecodeContext):
-        dt = cache.dtype
-        cache = append(cache, k.astype(dt), v.astype(dt), self.config, active=ctx.active, flush=not ctx.prepared)
+        cache = self.append_step(cache, k, v, ctx)
         f32 = BF16Attention(f32_probs=self.f32_probs)._f32()
         return dequantized_attention(q, cache, self.config, f32_probs=f32), cache
 

@@ -32,12 +32,11 @@ module creates it:
   "embed", "qkv", "head_dim" -> replicated: norms, and the other axes of the
     weights above.
 
-Attention states (`state_specs`): every per-head array (a KV-head axis at
-axis 1: KVBuffer k/v, PromptStaging k/v/q_tail, every HybridKVCache code,
-scale, VL, ring and ring_score array) is split P("data", "model", ...);
-per-sequence arrays (page_count [B, pages], num_pages, num_vl, ring_start,
-ring_len, length [B]) are split over "data" only and are identical on every
-"model" shard.
+Attention states (`state_specs`) declare their layout where they are defined: each array field of a state
+or context names the logical axes of its leading dimensions (`models.attention.logical_axes`, e.g. every
+HybridKVCache code, scale, VL, ring and ring_score array ("batch", "kv_heads"), its per-sequence counters
+("batch",)), and `STATE_RULES` maps "batch" -> "data" and the head axes -> "model": per-head arrays are split
+P("data", "model", ...), per-sequence ones P("data") (identical on every "model" shard).
 
 `ShardedAttention` wraps any attention implementation (bf16, HyQuant with
 the reference or Pallas backend, the quantized baselines) so that each
@@ -61,23 +60,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from hyquant_jax.cache import HybridKVCache
-from hyquant_jax.model_attention import PromptStaging
+from hyquant_jax.backends import resolve_backend
 from models import transformer
-from models.attention import DecodeContext, KVBuffer, PrefillContext
+from models.attention import BATCH, HEADS, KV_HEADS, STATE_AXES, DecodeContext, PrefillContext
 from models.config import ModelConfig
 from models.transformer import Decoder, abstract_model, init_layer_weights, init_outer_weights, model_keys, split_model
 
 DATA = "data"
 MODEL = "model"
 AXES = (DATA, MODEL)
-
-# HybridKVCache fields indexed by sequence only (everything else has a KV-head axis at axis 1).
-CACHE_PER_SEQUENCE = frozenset({"page_count", "num_pages", "num_vl", "ring_start", "ring_len", "length"})
-
 
 # --------------------------------------------------------------------------- mesh
 
@@ -212,40 +207,36 @@ def param_specs(model: Decoder, model_size: int | None = None) -> dict:
         return nnx.to_pure_dict(nnx.get_partition_spec(state))
 
 
-def state_specs(state) -> Any:
-    """PartitionSpecs of one layer's attention state (same pytree structure; None stays None).
+# Logical axes of the attention states (`models.attention.STATE_AXES`) -> mesh axes.
+STATE_RULES = {BATCH: DATA, KV_HEADS: MODEL, HEADS: MODEL}
+assert set(STATE_RULES) == set(STATE_AXES)
 
-    Supported: None, KVBuffer, PromptStaging, HybridKVCache (also when the
-    leaves are ShapeDtypeStructs, e.g. from `jax.eval_shape`).
+
+def _declared_axes(state) -> dict[str, tuple[str, ...]]:
+    """{field: its leading logical axes} of an attention state or context, as its fields declare them
+    (`models.attention.logical_axes`); a TypeError when it declares none or leaves an array field out."""
+    fields = dataclasses.fields(state) if dataclasses.is_dataclass(state) and not isinstance(state, type) else ()
+    declared = {f.name: f.metadata["logical_axes"] for f in fields if "logical_axes" in f.metadata}
+    undeclared = [f.name for f in fields if f.name not in declared and hasattr(getattr(state, f.name), "shape")]
+    if not declared or undeclared:
+        raise TypeError(f"no sharding rule for attention state {type(state).__name__}: its array fields must "
+                        f"declare their logical axes (models.attention.logical_axes); undeclared: "
+                        f"{undeclared or 'all'}")
+    return declared
+
+
+def state_specs(state) -> Any:
+    """PartitionSpecs of one layer's attention state, or of an attention context (same pytree; None stays None).
+
+    Read from the logical axes each array field declares (`models.attention.logical_axes`: KVBuffer,
+    PromptStaging, HybridKVCache, PrefillContext, DecodeContext, ...) through `STATE_RULES`; the leaves may be
+    ShapeDtypeStructs (e.g. from `jax.eval_shape`).
     """
     if state is None:
         return None
-    heads = P(DATA, MODEL)  # trailing axes unsplit
-    if isinstance(state, (KVBuffer, PromptStaging)):
-        return dataclasses.replace(state, **{f.name: heads for f in dataclasses.fields(state)})
-    if isinstance(state, HybridKVCache):
-        specs = {}
-        for f in dataclasses.fields(state):
-            if f.name == "max_len":
-                continue
-            x = getattr(state, f.name)
-            if x is None:
-                specs[f.name] = None
-            elif f.name in CACHE_PER_SEQUENCE:
-                specs[f.name] = P(DATA)
-            else:
-                specs[f.name] = heads
-        return dataclasses.replace(state, **specs)
-    raise TypeError(f"no sharding rule for attention state {type(state).__name__}; supported: None, KVBuffer, "
-                    "PromptStaging, HybridKVCache")
-
-
-def _ctx_specs(ctx):
-    if isinstance(ctx, PrefillContext):
-        return dataclasses.replace(ctx, offset=P(), lengths=P(DATA))
-    if isinstance(ctx, DecodeContext):
-        return dataclasses.replace(ctx, positions=P(DATA), active=P(DATA))
-    raise TypeError(f"unknown attention context {type(ctx).__name__}")
+    specs = {name: None if getattr(state, name) is None else P(*(STATE_RULES[a] for a in axes))
+             for name, axes in _declared_axes(state).items()}
+    return dataclasses.replace(state, **specs)
 
 
 def _is_spec(x) -> bool:
@@ -318,15 +309,19 @@ def shard_states(states: tuple, mesh: Mesh) -> tuple:
 
 
 def _check_state(state, mesh: Mesh) -> None:
+    """Raise ValueError unless every split axis of the state's arrays divides over its mesh axis."""
     if state is None:
         return
     d, m = mesh_sizes(mesh)
-    first = jax.tree_util.tree_leaves(state)[0]
-    check_batch_fits(first.shape[0], d)
-    heads = state.num_kv_heads if isinstance(state, HybridKVCache) else state.k.shape[1]
-    if heads % m:
-        raise ValueError(f"the attention state has {heads} KV heads, which do not divide over the model axis "
-                         f"of size {m}")
+    for name, axes in _declared_axes(state).items():
+        x = getattr(state, name)
+        for size, axis in zip(() if x is None else x.shape, axes):
+            if STATE_RULES[axis] == DATA:
+                check_batch_fits(size, d)
+            elif size % m:
+                heads = "KV heads" if axis == KV_HEADS else "query heads"
+                raise ValueError(f"the attention state has {size} {heads}, which do not divide over the model "
+                                 f"axis of size {m}")
 
 
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
@@ -349,8 +344,6 @@ def put_replicated(x, mesh: Mesh) -> jax.Array:
 def to_host(x) -> np.ndarray:
     """A (possibly multi-host) array as one numpy array on this host."""
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
         return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(x)
 
@@ -410,8 +403,6 @@ class ShardedAttention:
         if self.check_vma is not None:
             return self.check_vma
         backends = [getattr(self.inner, "backend", "reference"), getattr(self.inner, "prefill_backend", None)]
-        from hyquant_jax.backends import resolve_backend
-
         chunks = getattr(self.inner, "chunk_impl", "xla")
         fused_chunks = chunks == "triton" or (chunks == "auto" and jax.default_backend() == "gpu")
         return not fused_chunks and all(b is None or resolve_backend(b) == "reference" for b in backends)
@@ -446,14 +437,14 @@ class ShardedAttention:
         def fn(q, k, v, state, ctx):
             return self.inner.prefill(layer, q, k, v, state, ctx)
 
-        return self._per_shard(fn, (q, k, v, state, ctx), (heads, heads, heads, state_specs(state), _ctx_specs(ctx)),
+        return self._per_shard(fn, (q, k, v, state, ctx), (heads, heads, heads, state_specs(state), state_specs(ctx)),
                                heads)
 
     def finish_prefill(self, layer, state, ctx: PrefillContext):
         def fn(state, ctx):
             return self.inner.finish_prefill(layer, state, ctx)
 
-        return self._per_shard(fn, (state, ctx), (state_specs(state), _ctx_specs(ctx)), None)
+        return self._per_shard(fn, (state, ctx), (state_specs(state), state_specs(ctx)), None)
 
     def decode(self, layer, q, k, v, state, ctx: DecodeContext):
         self._check(q, k)
@@ -462,7 +453,7 @@ class ShardedAttention:
         def fn(q, k, v, state, ctx):
             return self.inner.decode(layer, q, k, v, state, ctx)
 
-        return self._per_shard(fn, (q, k, v, state, ctx), (heads, heads, heads, state_specs(state), _ctx_specs(ctx)),
+        return self._per_shard(fn, (q, k, v, state, ctx), (heads, heads, heads, state_specs(state), state_specs(ctx)),
                                heads)
 
     def begin_decode_step(self, states: tuple, ctx: DecodeContext) -> tuple:
@@ -471,7 +462,7 @@ class ShardedAttention:
         if begin is None:
             return states
         specs = tuple(state_specs(s) for s in states)
-        run = jax.shard_map(begin, mesh=self.mesh, in_specs=(specs, _ctx_specs(ctx)), out_specs=specs,
+        run = jax.shard_map(begin, mesh=self.mesh, in_specs=(specs, state_specs(ctx)), out_specs=specs,
                             check_vma=self._vma())
         return run(states, ctx)
 

@@ -33,6 +33,20 @@ import numpy as np
 
 from models.config import ModelConfig
 
+# Logical axes of the attention states' and contexts' arrays: each array field names the axes of its leading
+# dimensions (`logical_axes`), the rest are unsplit. `hyquant_jax.sharding` maps them onto a device mesh, as it
+# maps the weights' logical axes (`models.transformer`, whose head axes have the same names).
+BATCH = "batch"  # B: the sequences
+KV_HEADS = "kv_heads"  # Hkv
+HEADS = "heads"  # Hq
+STATE_AXES = (BATCH, KV_HEADS, HEADS)
+
+
+def logical_axes(*axes: str):
+    """A dataclass field (no default) holding an array whose leading dimensions have these logical axes (from
+    STATE_AXES; none: the array is whole on every device); the field's `metadata["logical_axes"]`."""
+    return dataclasses.field(metadata={"logical_axes": axes})
+
 
 @partial(jax.tree_util.register_dataclass, data_fields=["offset", "lengths"],
          meta_fields=["max_len", "whole", "min_length"])
@@ -50,8 +64,8 @@ class PrefillContext:
       many tokens, so a decode state may be sized for such prompts only.
     """
 
-    offset: jax.Array
-    lengths: jax.Array
+    offset: jax.Array = logical_axes()
+    lengths: jax.Array = logical_axes(BATCH)
     max_len: int
     whole: bool = False
     min_length: int = 0
@@ -69,8 +83,8 @@ class DecodeContext:
       step's states (see `begin_decode_step`).
     """
 
-    positions: jax.Array
-    active: jax.Array
+    positions: jax.Array = logical_axes(BATCH)
+    active: jax.Array = logical_axes(BATCH)
     prepared: bool = False
 
 
@@ -360,8 +374,8 @@ def write_tokens(bufs: tuple, xs: tuple, positions: jax.Array) -> tuple:
 class KVBuffer:
     """Full-precision KV cache of one layer: k, v [B, Hkv, S, D], S = cache_slots(max_len); slot = position."""
 
-    k: jax.Array
-    v: jax.Array
+    k: jax.Array = logical_axes(BATCH, KV_HEADS)
+    v: jax.Array = logical_axes(BATCH, KV_HEADS)
 
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes

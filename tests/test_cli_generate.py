@@ -1,6 +1,7 @@
 """The `hyquant generate / bench / eval` commands."""
 
 import argparse
+import dataclasses
 import json
 import re
 
@@ -9,6 +10,9 @@ import jax.numpy as jnp
 import pytest
 
 from hyquant_jax import cli
+from hyquant_jax.cli import generate as generate_command
+from hyquant_jax.cli import options, scripts
+from hyquant_jax.config import HyQuantConfig
 from models import ModelConfig, init_model
 from tests.helpers.checkpoint_files import train_tokenizer, write_gguf
 
@@ -134,9 +138,7 @@ def test_generate_refuses_bad_input_before_loading(args, message, tmp_path, caps
     """Each bad option is one line on stderr, exit code 2, before the model loads or anything compiles."""
     import time
 
-    import hyquant_jax.api
-
-    monkeypatch.setattr(hyquant_jax.api, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(generate_command, "load", lambda *a, **k: pytest.fail("the model was loaded"))
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     t0 = time.perf_counter()
     assert cli.main(["generate", "--no-compile-cache", *args]) == 2
@@ -147,9 +149,7 @@ def test_generate_refuses_bad_input_before_loading(args, message, tmp_path, caps
 
 
 def test_generate_refuses_a_bad_prompt_file(tmp_path, capsys, monkeypatch):
-    import hyquant_jax.api
-
-    monkeypatch.setattr(hyquant_jax.api, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(generate_command, "load", lambda *a, **k: pytest.fail("the model was loaded"))
     bad = tmp_path / "latin1.txt"
     bad.write_bytes(b"caf\xe9")
     assert cli.main(["generate", "-f", str(bad)]) == 2
@@ -164,6 +164,44 @@ def test_version_and_short_flags(capsys):
     args = parser.parse_args(["-m", "x.gguf", "-p", "hi", "-n", "3", "-a", "bf16", "-f", "p.txt"])
     assert (args.model, args.prompt, args.max_new_tokens, args.attention, args.prompt_file) == (
         "x.gguf", ["hi"], 3, "bf16", ["p.txt"])
+
+
+def test_the_hyquant_settings_are_the_config_fields(monkeypatch):
+    """Each HyQuantConfig field declared as an option is one (dest: the field name, its default in the help);
+    none given is HyQuantConfig(); a bool field's flag sets the opposite of its default."""
+    monkeypatch.setenv("COLUMNS", "2000")
+    fields = {f.name: f for f in dataclasses.fields(HyQuantConfig)}
+    assert set(options.CONFIG_OPTIONS) == {n for n, f in fields.items() if f.metadata["option"] is not None}
+    assert set(options.CONFIG_OPTIONS) < set(fields)  # group_size is declared off the command line
+    for command in ("generate", "demo"):
+        parser = _subparser(command)
+        actions = {a.dest: a for a in parser._actions}
+        for name, flag in options.CONFIG_OPTIONS.items():
+            assert actions[name].option_strings == [flag] and actions[name].default is None
+            if not isinstance(fields[name].default, bool):
+                assert actions[name].help.endswith(f"(default: {fields[name].default})"), name
+        assert options.config_from_args(parser.parse_args([])) == HyQuantConfig()
+    args = _subparser("generate").parse_args(["--no-promote", "--key-bits", "8", "--window", "64"])
+    assert options.config_from_args(args) == HyQuantConfig(promote_flushed=False, key_bits=8, window=64)
+    assert options.given_config_options(args) == ["--key-bits", "--window", "--no-promote"]
+
+
+def test_demo_on_small_shapes(tmp_path, capsys):
+    """`hyquant demo` freezes, decodes and reports the cache of its synthetic prompt, also as JSON."""
+    out = tmp_path / "demo.json"
+    rc = cli.main(["demo", "--prompt-len", "192", "--steps", "40", "--batch", "1", "--q-heads", "2", "--kv-heads",
+                   "1", "--head-dim", "32", "--window", "32", "--block-size", "16", "--prefill-block", "16",
+                   "--backend", "reference", "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "HyQuant demo: B=1 Hq/Hkv=2/1 D=32, prompt 192 + 40 decoded tokens, K4V4 channel_key, W=32" in text
+    record = json.loads(out.read_text())
+    assert record["final_layout"]["length"] == 232 and record["config"]["window"] == 32
+    layout = record["final_layout"]
+    assert layout["window_tokens"] >= 32  # the window holds at least W tokens after a flush
+    assert 0 < record["rel_error_vs_exact"]["hybrid_mean"] < 0.5
+    assert f"cache of sequence 0: 232 tokens = {layout['pages']} low-bit pages" in text
+    assert cli.main(["demo", "--window", "24"]) == 2 and "window" in capsys.readouterr().err
 
 
 def test_demo_and_eval_help_state_their_defaults(monkeypatch):
@@ -205,7 +243,7 @@ def test_bench_and_eval_list_and_run_scripts(capsys):
     """`hyquant bench` / `eval` list exactly the documented scripts (each with its first docstring line)."""
     assert cli.main(["bench"]) == 0
     listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]]
-    assert listed == list(cli.BENCHMARKS)
+    assert listed == list(scripts.BENCHMARKS)
     assert cli.main(["eval"]) == 0
     assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]] == ["accuracy"]
     assert cli.main(["eval", "no_such_eval"]) == 2
@@ -223,7 +261,4 @@ def test_generate_default_model(capsys, default_model):
 
 
 def test_default_prompt_is_long_enough_to_compress():
-    from hyquant_jax.config import HyQuantConfig
-    from hyquant_jax.generate_cli import default_prompt
-
-    assert len(default_prompt().split()) > 4 * HyQuantConfig().window  # most tokens leave the window
+    assert len(generate_command.default_prompt().split()) > 4 * HyQuantConfig().window  # most tokens leave the window

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 import hyquant_jax as hq
-from hyquant_jax.cache import ring_valid
+from hyquant_jax.cache import accumulate_ring_scores, append, flush_full_rings, ring_valid
 from hyquant_jax.decode_launch import DecodeTuning
 from hyquant_jax.decode_launch import decode_attention as kernel_decode
+from hyquant_jax.reference import hybrid_decode_attention_reference
 
 
 def _cache(key, batch, q_heads, kv_heads, head_dim, lengths, config, appends=0, max_len=None, dtype=jnp.float32):
@@ -28,14 +29,14 @@ def _cache(key, batch, q_heads, kv_heads, head_dim, lengths, config, appends=0, 
     cache = hq.freeze(k, v, lens, tail, config, max_len=max_len or n + appends + 1)
     for i in range(appends):
         kn, vn = jax.random.normal(ks[4 + i], (2, batch, kv_heads, head_dim), dtype)
-        cache = hq.append(cache, kn, vn, config)
-        cache = hq.accumulate_ring_scores(cache, q[:, :, -1], jnp.zeros((batch, q_heads)), config)
+        cache = append(cache, kn, vn, config)
+        cache = accumulate_ring_scores(cache, q[:, :, -1], jnp.zeros((batch, q_heads)), config)
     qd = jax.random.normal(ks[3], (batch, q_heads, head_dim), dtype)
     return qd, cache
 
 
 def _check(qd, cache, config, interpret, tol=1e-2, tuning=DecodeTuning()):
-    ref, ref_lse = hq.hybrid_decode_attention_reference(qd.astype(jnp.float32), cache, config)
+    ref, ref_lse = hybrid_decode_attention_reference(qd.astype(jnp.float32), cache, config)
     out, lse = kernel_decode(qd, cache, config, interpret=interpret, tuning=tuning)
     out = np.asarray(out, np.float32)
     assert np.all(np.isfinite(out)) and out.shape == ref.shape
@@ -182,7 +183,7 @@ def test_interpret_short_and_empty_sequences():
     """Lengths below W (no low-bit pages, no VL) and an empty sequence give no NaN."""
     config = hq.HyQuantConfig(**SMALL)
     qd, cache = _cache(jax.random.PRNGKey(3), 3, 2, 1, 64, [5, 31, 0], config, max_len=96)
-    ref, ref_lse = hq.hybrid_decode_attention_reference(qd, cache, config)
+    ref, ref_lse = hybrid_decode_attention_reference(qd, cache, config)
     out, lse = kernel_decode(qd, cache, config, interpret=True)
     assert np.all(np.isfinite(np.asarray(out)))
     np.testing.assert_allclose(np.asarray(out)[:2], np.asarray(ref)[:2], rtol=2e-2, atol=2e-2)
@@ -254,7 +255,7 @@ def test_interpret_decode_step_ring_scores_match_reference():
     assert np.abs(want).max() > 0.1  # this step's mass
     np.testing.assert_allclose(got, want, rtol=2e-2, atol=1e-6)  # measured: 0.64% at most
     with pytest.raises(ValueError, match="ring_logits"):
-        hq.accumulate_ring_scores(cache, qd, jnp.zeros((2, 4)), config, ring_logits=jnp.zeros((2, 4, 5)))
+        accumulate_ring_scores(cache, qd, jnp.zeros((2, 4)), config, ring_logits=jnp.zeros((2, 4, 5)))
 
 
 def _new_token(seed, cache):
@@ -267,11 +268,11 @@ def _check_new_token(qd, cache, config, interpret, active, tuning=DecodeTuning()
     lse and ring logits (the token's at the slot append fills; -inf there for an inactive sequence), and the
     output up to the kernel's bf16 rounding of the probabilities it multiplies with V (the token's own split
     has weight 1 and V as it is); the reference's output and lse on the appended cache."""
-    (cache,) = hq.flush_full_rings((cache,), config, jnp.ones((cache.batch,), bool))
+    (cache,) = flush_full_rings((cache,), config, jnp.ones((cache.batch,), bool))
     k, v = _new_token(21, cache)
     out, lse, logits = kernel_decode(qd, cache, config, interpret=interpret, ring_logits=True,
                                      new_token=(k, v, active), tuning=tuning)
-    appended = hq.append(cache, k, v, config, active=active, flush=False)
+    appended = append(cache, k, v, config, active=active, flush=False)
     want_out, want_lse, want_logits = kernel_decode(qd, appended, config, interpret=interpret, ring_logits=True,
                                                     tuning=tuning)
     out, want_out = np.asarray(out, np.float32), np.asarray(want_out, np.float32)
@@ -291,7 +292,7 @@ def _check_new_token(qd, cache, config, interpret, active, tuning=DecodeTuning()
     k64 = np.asarray(k.astype(jnp.float32), np.float64)
     exact = np.einsum("bhgd,bhd->bhg", q64.reshape(b, h, q_heads // h, d), k64).reshape(b, q_heads)
     np.testing.assert_allclose(logits[at], np.broadcast_to(exact[:, :, None], at.shape)[at], rtol=1e-5, atol=1e-5)
-    ref, ref_lse = hq.hybrid_decode_attention_reference(qd.astype(jnp.float32), appended, config)
+    ref, ref_lse = hybrid_decode_attention_reference(qd.astype(jnp.float32), appended, config)
     assert np.linalg.norm(out - np.asarray(ref)) < 1e-2 * np.linalg.norm(np.asarray(ref))  # as `_check`
     # the slot as decode_step passes it, from the appended cache: the same ring logits bit for bit
     token_slot = (appended.ring_start + appended.ring_len - 1) % r

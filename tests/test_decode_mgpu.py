@@ -20,6 +20,9 @@ import pytest
 
 import hyquant_jax as hq
 from hyquant_jax import decode_launch
+from hyquant_jax.cache import append
+from hyquant_jax.model_attention import HybridAttention
+from hyquant_jax.reference import hybrid_decode_attention_reference
 from pallas_kernels import decode_mgpu as dm
 from tests.test_decode import _cache
 
@@ -197,14 +200,14 @@ def test_glue_merges_mosaic_and_triton_splits(monkeypatch):
     lay = decode_launch.decode_layout(cache, config, 8, low_bit_elsewhere=True)
     assert lay.n_low == 0 and lay.n_vl >= 1
     out, lse = decode_launch._run(qd, cache, lay, 1.0 / math.sqrt(128), 2, 2, True, (3, 2))
-    ref, ref_lse = hq.hybrid_decode_attention_reference(qd, cache, config)
+    ref, ref_lse = hybrid_decode_attention_reference(qd, cache, config)
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=2e-3, atol=2e-3)
     np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), atol=2e-3)  # bf16 q in the Triton splits
     # with the step's own token as one more key (merged by decode_merge's kernel): as over the appended cache
     k, v = jax.random.normal(jax.random.PRNGKey(12), (2, 3, 2, 128))
     active = jnp.asarray([True, True, False])
     out, lse = decode_launch._run(qd, cache, lay, 1.0 / math.sqrt(128), 2, 2, True, (3, 2), (k, v, active))
-    ref, ref_lse = hq.hybrid_decode_attention_reference(qd, hq.append(cache, k, v, config, active=active), config)
+    ref, ref_lse = hybrid_decode_attention_reference(qd, append(cache, k, v, config, active=active), config)
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=2e-3, atol=2e-3)
     np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), atol=2e-3)
     # a bf16 q (the models' decode) reaches the kernel as it is, with the softmax scale to prepare it inside
@@ -212,7 +215,7 @@ def test_glue_merges_mosaic_and_triton_splits(monkeypatch):
     monkeypatch.setattr(dm, "low_bit_splits", lambda *a, **k: seen.append(k) or _emulated_low_bit_splits(*a, **k))
     qb = qd.astype(jnp.bfloat16)
     out, lse = decode_launch._run(qb, cache, lay, 1.0 / math.sqrt(128), 2, 2, True, (3, 2))
-    ref, ref_lse = hq.hybrid_decode_attention_reference(qb, cache, config)
+    ref, ref_lse = hybrid_decode_attention_reference(qb, cache, config)
     assert seen and seen[0]["query_scale"] == 1.0 / math.sqrt(128)
     np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), rtol=2e-2, atol=2e-2)
     np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), atol=2e-3)
@@ -277,13 +280,13 @@ def test_hybrid_attention_passes_its_decode_tuning(monkeypatch):
     k, v = jax.random.normal(jax.random.PRNGKey(15), (2, 1, 2, 128))
     ctx = DecodeContext(jnp.asarray([200]), jnp.asarray([True]))
     tuning = decode_launch.DecodeTuning(mosaic_blocks_per_sm=1)
-    for attention in (hq.HybridAttention(config, "interpret", decode_tuning=tuning),
-                      hq.HybridAttention(config, "interpret")):
+    for attention in (HybridAttention(config, "interpret", decode_tuning=tuning),
+                      HybridAttention(config, "interpret")):
         out, _ = attention.decode(0, qd, k, v, cache, ctx)
         assert out.shape == qd.shape
     assert seen == [tuning, None]
     with pytest.raises(ValueError, match="HybridAttention.decode_tuning must be None or a"):
-        hq.HybridAttention(config, decode_tuning={"mosaic_blocks_per_sm": 1})
+        HybridAttention(config, decode_tuning={"mosaic_blocks_per_sm": 1})
     with pytest.raises(ValueError, match="tuning must be None or a"):
         hq.decode_step(qd, k, v, cache, config, backend="interpret", tuning="fast")
 

@@ -1,4 +1,5 @@
-"""hyquant_jax.evaluation and hyquant_jax.sparse_attention on small random inputs and a tiny random model.
+"""hyquant_jax.eval (shared prefills, teacher forcing, operators, the sparse ablation) on small random inputs
+and a tiny random model.
 
 The accuracy benchmark (benchmarks/accuracy.py) rests on these: the causal-skipping
 hybrid prefill equals the library reference, shared prefills build the same decode
@@ -17,8 +18,9 @@ import pytest
 
 from hyquant_jax import HyQuantConfig
 from hyquant_jax.cache import freeze, ring_valid
-from hyquant_jax.evaluation import (
+from hyquant_jax.eval import (
     SharedPrefill,
+    VerticalSparseAttention,
     column_mass,
     decode_operator,
     decode_operator_reference,
@@ -30,14 +32,11 @@ from hyquant_jax.evaluation import (
     relative_mse,
     run_prefill,
     teacher_forced_nll,
-)
-from hyquant_jax.model_attention import HybridAttention, make_attention
-from hyquant_jax.reference import hybrid_prefill_attention_reference
-from hyquant_jax.sparse_attention import (
-    VerticalSparseAttention,
     vertical_sparse_decode_reference,
     vertical_sparse_prefill_reference,
 )
+from hyquant_jax.model_attention import HybridAttention, make_attention
+from hyquant_jax.reference import hybrid_prefill_attention_reference
 from hyquant_jax.vti import tail_queries, tail_query_count, vertical_token_identification
 from models import BF16Attention, ModelConfig, PrefillContext, init_model, split_model
 

@@ -436,7 +436,7 @@ def test_generate_errors(model, prompts):
 def test_prefill_compiler_options():
     """prefill's command-buffer kinds are valid XLA enum names (XLA rejects unknown ones at compile time,
     also on CPU) and leave CUSTOM_CALL out; an XLA_FLAGS setting of the same option wins."""
-    from hyquant_jax.generate import prefill_compiler_options
+    from hyquant_jax.compile_options import prefill_compiler_options
 
     options = prefill_compiler_options("")
     kinds = options["xla_gpu_enable_command_buffer"].split(",")
@@ -451,7 +451,7 @@ def test_prefill_compiler_options():
 def test_decode_compiler_options():
     """decode's scheduling mode is a valid XLA enum value (checked at compile time, also on CPU); an
     XLA_FLAGS setting of the same option wins."""
-    from hyquant_jax.generate import decode_compiler_options
+    from hyquant_jax.compile_options import decode_compiler_options
 
     options = decode_compiler_options("--xla_dump_to=/tmp")
     assert options == {"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}
@@ -472,7 +472,7 @@ def test_decode_loops_run_on_the_device_when_they_stop_on_data():
     otherwise (stop tokens; the hybrid cache's inner loop between flushes), also through a sharding wrapper."""
     import types
 
-    from hyquant_jax.generate import uses_device_loops
+    from hyquant_jax.compile_options import uses_device_loops
 
     hybrid = make_attention("hyquant", SMALL_HQ)
     assert not uses_device_loops(BF16Attention(), ())
@@ -490,7 +490,7 @@ def test_gpu_decode_loops_on_the_device_match_the_host_loops(monkeypatch, kind):
     step), bit for bit: greedy, a ragged batch, a stop token that ends one sequence early, more steps than a
     window flush period; hyquant through the Triton and Mosaic kernels (the Mosaic threshold lowered)."""
     import pallas_kernels.decode_mgpu as decode_mgpu
-    from hyquant_jax import decode_launch
+    from hyquant_jax import compile_options, decode_launch
 
     module = importlib.import_module("hyquant_jax.generate")  # the package exports a function of that name
     config = dataclasses.replace(CONFIG, architecture="qwen3", qk_norm=True, vocab_size=512, hidden_size=1024,
@@ -503,14 +503,14 @@ def test_gpu_decode_loops_on_the_device_match_the_host_loops(monkeypatch, kind):
     monkeypatch.setattr(decode_launch, "MOSAIC_MIN_PAGES", 1)
     real = decode_mgpu.low_bit_splits
     monkeypatch.setattr(decode_mgpu, "low_bit_splits", lambda *a, **k: mosaic_calls.append(1) or real(*a, **k))
-    base = module.decode_compiler_options("")
+    base = compile_options.decode_compiler_options("")
 
     def run(kinds, eos=()):
         options = {**base, "xla_gpu_enable_command_buffer": ",".join(kinds)}
         monkeypatch.setattr(module, "decode", module.decode_with_options(options))
         return module.generate(model, prompts, attention=attn, max_new_tokens=100, eos_ids=eos, keep_states=True)
 
-    host = module.XLA_COMMAND_BUFFER_KINDS
+    host = compile_options.XLA_COMMAND_BUFFER_KINDS
     device = host + ("WHILE",)
     free = run(host)
     seq = free.sequences()[0]

@@ -2,9 +2,13 @@
 "## Whole models from Python" and "## Flax"; its results table is what benchmarks/report.py gives."""
 
 import pathlib
+import re
+import types
 
 import numpy as np
 import pytest
+
+import hyquant_jax as hq
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 FENCE = "`" * 3
@@ -40,6 +44,22 @@ def test_readme_and_results_page_are_what_the_results_files_give():
     from benchmarks import report
 
     assert report.main(["--check"]) == 0
+
+
+# The top-level names: what a user of the README needs; everything else is imported from its module.
+TOP_LEVEL = ["Completion", "GenerateResult", "Generation", "HyQuantAttention", "HyQuantConfig", "HybridKVCache",
+             "Model", "SamplingConfig", "decode_attention", "decode_step", "freeze", "generate", "load",
+             "make_attention", "prefill_attention", "tail_queries"]
+
+
+def test_the_top_level_names_are_the_readme_api():
+    """`hyquant_jax.__all__` is exactly TOP_LEVEL, every one of them exists and is the package's only public
+    name besides its submodules, and every `hq.NAME` of the README is one of them."""
+    assert hq.__all__ == TOP_LEVEL
+    public = {n for n, x in vars(hq).items() if not n.startswith("_") and not isinstance(x, types.ModuleType)}
+    assert public == set(TOP_LEVEL)
+    used = set(re.findall(r"\bhq\.([A-Za-z_]\w*)", README.read_text()))
+    assert used and used <= set(TOP_LEVEL), sorted(used - set(TOP_LEVEL))
 
 
 def test_readme_size():

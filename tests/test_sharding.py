@@ -27,7 +27,8 @@ from jax.sharding import PartitionSpec as P
 from hyquant_jax import HyQuantConfig, cli, freeze, sharding
 from hyquant_jax.generate import generate
 from hyquant_jax.model_attention import PromptStaging, make_attention
-from models import BF16Attention, KVBuffer, ModelConfig, abstract_model, init_model, split_model
+from models import BF16Attention, KVBuffer, ModelConfig, PrefillContext, abstract_model, init_model, split_model
+from models.attention import BATCH, KV_HEADS, logical_axes
 from tests.helpers import sharded_generate_worker as worker  # importing it only reads CASES; no device is touched
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -171,7 +172,7 @@ def test_state_specs_split_heads_and_sequences():
     cache = freeze(k, k, jnp.array([48, 30], jnp.int32), q_tail, hq, 96)
     specs = sharding.state_specs(cache)
     assert specs.max_len == cache.max_len
-    for name in sharding.CACHE_PER_SEQUENCE:
+    for name in ("page_count", "num_pages", "num_vl", "ring_start", "ring_len", "length"):  # per sequence
         assert getattr(specs, name) == P("data"), name
     for name in ("k_codes", "k_scale", "v_codes", "vl_k", "ring_k", "ring_score"):
         assert getattr(specs, name) == P("data", "model"), name
@@ -180,8 +181,19 @@ def test_state_specs_split_heads_and_sequences():
     staging = sharding.state_specs(PromptStaging(k, k, q_tail))
     assert staging.q_tail == P("data", "model")
     assert sharding.state_specs(None) is None
+    ctx = sharding.state_specs(PrefillContext(jnp.int32(0), jnp.array([48, 30]), 96))
+    assert (ctx.offset, ctx.lengths, ctx.max_len) == (P(), P("data"), 96)
     with pytest.raises(TypeError, match="no sharding rule"):
         sharding.state_specs({"k": k})
+
+    @jax.tree_util.register_dataclass
+    @dataclasses.dataclass(frozen=True)
+    class Undeclared:
+        k: jax.Array = logical_axes(BATCH, KV_HEADS)
+        v: jax.Array = None
+
+    with pytest.raises(TypeError, match=r"undeclared: \['v'\]"):
+        sharding.state_specs(Undeclared(k, k))
 
 
 def test_shard_state_places_every_array():
@@ -246,7 +258,8 @@ def test_gpu_sharded_hyquant_equals_single_device(mesh_shape):
     decode kernel's lse), the outputs within the kernels' tolerance, and the decode also against the float
     reference. The shapes make each shard's decode take the Mosaic low-bit kernel (B x local KV heads x pages
     >= MOSAIC_MIN_PAGES)."""
-    from hyquant_jax import decode_launch, hybrid_decode_attention_reference
+    from hyquant_jax import decode_launch
+    from hyquant_jax.reference import hybrid_decode_attention_reference
     from models.attention import DecodeContext, PrefillContext
 
     config = HyQuantConfig()

