@@ -1,11 +1,10 @@
 """Attention entry points: check the arguments, pick the implementation the backend names on this device
-(`decode_launch.resolve`, `backends.prefill_backend`) and run it: the reference here, the kernels in
+(`decode_launch.resolve`, `prefill_launch.resolve`) and run it: the reference here, the kernels in
 `hyquant_jax.decode_launch` and `hyquant_jax.prefill_launch`."""
 
 from __future__ import annotations
 
 from hyquant_jax import decode_launch, prefill_launch, reference
-from hyquant_jax.backends import prefill_backend
 from hyquant_jax.cache import HybridKVCache, accumulate_ring_scores, append, check_decode_query
 from hyquant_jax.config import HyQuantConfig, as_lengths, check_config
 from hyquant_jax.decode_launch import check_tuning
@@ -73,13 +72,12 @@ def prefill_attention(q, k, v, lengths, config: HyQuantConfig, backend: str = "a
     reference.check_prefill_shapes(q, k, v, lengths)
     q_tail = tail_queries(q, lengths, tail_query_count(config))
     vl = vertical_token_identification(q_tail, k, lengths, config, scale=scale)
-    backend = prefill_backend(backend, q.shape[-1], config)
-    if backend == "reference":
+    implementation = prefill_launch.resolve(backend, q.shape[-1], config)
+    if implementation == "reference":
         out = reference.hybrid_prefill_attention_reference(q, k, v, lengths, *vl, config, scale=scale)
-    elif backend == "mosaic":
-        out = prefill_launch.prefill_attention_mgpu(q, k, v, lengths, *vl, config, scale=scale,
-                                                    **prefill_launch.MOSAIC_PREFILL)
+    elif implementation == "mosaic":
+        out = prefill_launch.prefill_attention_mgpu(q, k, v, lengths, *vl, config, scale=scale)
     else:
-        out = prefill_launch.prefill_attention(q, k, v, lengths, *vl, config, interpret=backend == "interpret",
+        out = prefill_launch.prefill_attention(q, k, v, lengths, *vl, config, interpret=implementation == "interpret",
                                                scale=scale)
     return out, vl

@@ -84,20 +84,3 @@ def first_supported(implementations: Sequence[Implementation], device, *facts) -
             return implementation.name
     raise ValueError(f"no implementation of {[i.name for i in implementations]} runs on {device}")
 
-
-
-def prefill_backend(backend: str, head_dim: int, config, device=None) -> str:
-    """The backend `prefill_attention` runs: `resolve_backend`, except that "auto" on a Hopper GPU takes the
-    Mosaic kernel when the config and head_dim fit it (INT8 Q.K, `prefill_block` a multiple of 64, head_dim 64
-    or 128): it measured 1.1x-1.3x faster than the Triton kernel from 8K tokens on the H200 and 1.08x at 4K
-    (docs/design.md, "Prefill kernels"). config: a `HyQuantConfig`; device: the device to decide for
-    (default: the first JAX device)."""
-    if backend != "auto":
-        return resolve_backend(backend)
-    device = jax.devices()[0] if device is None else device
-    if device.platform != "gpu":
-        return "reference"
-    from pallas_kernels.prefill_mgpu import BLOCK, HEAD_DIMS
-
-    fits = config.prefill_qk == "int8" and config.prefill_block % BLOCK == 0 and head_dim in HEAD_DIMS
-    return "mosaic" if is_hopper(device) and fits else "triton"
