@@ -4,11 +4,13 @@
 
 from __future__ import annotations
 
-from hyquant_jax import decode_launch, prefill_launch, reference
+from hyquant_jax import reference
 from hyquant_jax.cache import HybridKVCache, accumulate_ring_scores, append, check_decode_query
 from hyquant_jax.config import HyQuantConfig, as_lengths, check_config
-from hyquant_jax.decode_launch import check_tuning
 from hyquant_jax.vti import tail_queries, tail_query_count, vertical_token_identification
+
+# decode_launch and prefill_launch are imported on first use, not with the package: they import Mosaic GPU,
+# the largest part of `import hyquant_jax`, which the reference backend never runs.
 
 
 def _check_cache_and_config(cache, config) -> None:
@@ -16,6 +18,16 @@ def _check_cache_and_config(cache, config) -> None:
     if not isinstance(cache, HybridKVCache):
         raise ValueError(f"cache must be a hyquant_jax.HybridKVCache (from hyquant_jax.freeze), got "
                          f"{type(cache).__name__}")
+
+
+def check_tuning(tuning, name: str = "tuning"):
+    """`tuning` if it is None (the decode kernels' defaults) or a `decode_launch.DecodeTuning`; anything else
+    is a ValueError naming the argument `name`."""
+    if tuning is None:
+        return None
+    from hyquant_jax import decode_launch  # on first use: see the note above
+
+    return decode_launch.check_tuning(tuning, name)
 
 
 def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, backend: str = "auto",
@@ -30,6 +42,8 @@ def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, backend: st
     _check_cache_and_config(cache, config)
     check_decode_query(q, cache)
     tuning = check_tuning(tuning)
+    from hyquant_jax import decode_launch  # on first use: see the note above
+
     path = decode_launch.resolve(backend, cache, config, q.shape[1])
     if path == "reference":
         out, lse = reference.hybrid_decode_attention_reference(q, cache, config, scale=scale)
@@ -50,6 +64,8 @@ def decode_step(q, k, v, cache: HybridKVCache, config: HyQuantConfig, backend: s
     _check_cache_and_config(cache, config)
     check_decode_query(q, cache)
     tuning = check_tuning(tuning)
+    from hyquant_jax import decode_launch  # on first use: see the note above
+
     path = decode_launch.resolve(backend, cache, config, q.shape[1])
     if path != "reference":
         return decode_launch.decode_step(q, k, v, cache, config, interpret=path == "interpret", active=active,
@@ -72,6 +88,8 @@ def prefill_attention(q, k, v, lengths, config: HyQuantConfig, backend: str = "a
     reference.check_prefill_shapes(q, k, v, lengths)
     q_tail = tail_queries(q, lengths, tail_query_count(config))
     vl = vertical_token_identification(q_tail, k, lengths, config, scale=scale)
+    from hyquant_jax import prefill_launch  # on first use: see the note above
+
     implementation = prefill_launch.resolve(backend, q.shape[-1], config)
     if implementation == "reference":
         out = reference.hybrid_prefill_attention_reference(q, k, v, lengths, *vl, config, scale=scale)
