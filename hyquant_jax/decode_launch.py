@@ -33,6 +33,7 @@ from hyquant_jax.cache import (
     flush_full_rings,
 )
 from hyquant_jax.config import HyQuantConfig
+from pallas_kernels import decode as triton_decode
 from pallas_kernels import decode_mgpu
 from pallas_kernels.decode import DecodeLayout, hybrid_decode_splits, merge_splits
 from pallas_kernels.decode_merge import fits as merge_fits
@@ -40,7 +41,6 @@ from pallas_kernels.decode_merge import merge_hybrid_splits
 
 CONVERTS = ("asm", "magic", "cast")
 LOW_BIT_KERNELS = ("auto", "mosaic", "triton")
-TRITON_HEAD_DIMS = (64, 128, 256)
 # "auto" takes the Mosaic low-bit kernel from this many (sequence, KV head, page) triples of cache capacity:
 # below it the second launch and the merge cost more than the kernel saves (docs/design.md, "Two decode
 # kernels").
@@ -133,11 +133,11 @@ def _modes(config: HyQuantConfig):
 def triton_unfit(cache: HybridKVCache, config: HyQuantConfig) -> str | None:
     """Why `pallas_kernels.decode` cannot scan this cache and config (static facts only), or None where it can."""
     per_token_scales = any(mode in ("sym", "asym") for mode in _modes(config))
-    if per_token_scales and (config.group_size or cache.head_dim) < 16:
-        return (f"the Pallas decode kernel needs group_size >= 16 (dot operands of >= 16 channels); "
-                f"got group_size={config.group_size}; use backend='reference'")
-    if cache.head_dim not in TRITON_HEAD_DIMS:
-        return f"the Pallas decode kernel supports head_dim 64, 128, 256; got {cache.head_dim}"
+    if per_token_scales and (config.group_size or cache.head_dim) < triton_decode.MIN_GROUP:
+        return (f"the Pallas decode kernel needs group_size >= {triton_decode.MIN_GROUP} (dot operands of >= "
+                f"{triton_decode.MIN_GROUP} channels); got group_size={config.group_size}; use backend='reference'")
+    if cache.head_dim not in triton_decode.HEAD_DIMS:
+        return f"the Pallas decode kernel supports head_dim {triton_decode.HEAD_DIMS}; got {cache.head_dim}"
     return None
 
 

@@ -52,6 +52,8 @@ from jax.experimental.pallas import triton as plgpu
 
 NEG_INIT = -1e30  # running-max start: finite, so empty tiles never give inf - inf
 MAGIC = 128.0
+HEAD_DIMS = (64, 128, 256)
+MIN_GROUP = 16  # channels per per-token scale, at least: the dot operands of a group's slice
 
 
 @dataclasses.dataclass(frozen=True)
