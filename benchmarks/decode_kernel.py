@@ -35,7 +35,7 @@ import hyquant_jax as hq  # noqa: E402
 from benchmarks.common import default_name, environment, output_folder, time_in_loop, time_per_call, write_json  # noqa: E402
 from benchmarks.read_bandwidth import read_bandwidth  # noqa: E402
 from hyquant_jax import quant  # noqa: E402
-from hyquant_jax.decode_launch import DecodeTuning, decode_layout, use_mosaic_low_bit  # noqa: E402
+from hyquant_jax.decode_launch import DecodeTuning, decode_layout, plan  # noqa: E402
 from hyquant_jax.decode_launch import decode_attention as kernel_decode  # noqa: E402
 from hyquant_jax.reference import hybrid_decode_attention_reference  # noqa: E402
 
@@ -295,7 +295,7 @@ def run_case(name, batch, q_heads, kv_heads, head_dim, context, tuning, reps, lo
     row["hybrid_rel_err_vs_reference"] = check_hybrid(inp, CONFIG, tuning)
     bf16_ops = (inp.q, (inp.k, inp.v))
     row["hybrid"] = measure(hybrid_fn(CONFIG, tuning), inp.q, (inp.cache,), iters, reps)
-    row["low_bit_kernel"] = "mosaic" if use_mosaic_low_bit(inp.cache, CONFIG, q_heads, tuning, INTERPRET) else "triton"
+    row["low_bit_kernel"] = plan(inp.cache, CONFIG, q_heads, tuning, interpret=INTERPRET).low_bit
     if row["low_bit_kernel"] == "mosaic":  # the Triton kernel alone, on the same cache, for the comparison
         triton = dataclasses.replace(tuning, low_bit="triton")
         row["hybrid_triton"] = measure(hybrid_fn(CONFIG, triton), inp.q, (inp.cache,), iters, reps)

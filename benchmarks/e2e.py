@@ -143,7 +143,8 @@ def parse_args(argv=None):
                         "default: the library's, 2)")
     p.add_argument("--mosaic-splits", type=int, default=None,
                    help="HyQuant decode: a fixed split count per (sequence, KV head) for the Mosaic low-bit kernel "
-                        "(DecodeTuning.mosaic_splits, overrides --mosaic-blocks-per-sm; default: default_splits)")
+                        "(DecodeTuning.mosaic_splits, overrides --mosaic-blocks-per-sm; default: "
+                        "decode_launch.mosaic_splits)")
     p.add_argument("--key-bits", type=int, default=4)
     p.add_argument("--value-bits", type=int, default=4)
     from hyquant_jax.config import SCHEMES, HyQuantConfig  # jax import only: no device is initialised

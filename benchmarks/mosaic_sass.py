@@ -8,7 +8,7 @@ nvdisasm then give the SASS. Set up the tools once with `bash scripts/offline_cu
 
   python benchmarks/mosaic_sass.py decode --out DIR     # pallas_kernels.decode_mgpu.low_bit_splits
   python benchmarks/mosaic_sass.py decode --module PATH.py --out DIR   # a modified copy of decode_mgpu.py
-  python benchmarks/mosaic_sass.py prefill --out DIR    # pallas_kernels.prefill_mgpu, prefill_launch.MOSAIC_PREFILL
+  python benchmarks/mosaic_sass.py prefill --out DIR    # pallas_kernels.prefill_mgpu, prefill_launch.PrefillTuning()
 
 Writes KERNEL.ptx, KERNEL.ptxas.txt, KERNEL.sass and KERNEL.json (registers, spills, instructions in the
 kernel and in its largest loop by opcode) into DIR and prints the summary. Checked against a GPU machine: for
@@ -116,11 +116,11 @@ def _lower(kernel: str, module_path: str | None = None):
                 sd((b, h, pages * dm.PAGE), bf), sd((b, pages), jnp.int32), sd((b,), jnp.int32))
         fn = jax.jit(lambda *a: dm.low_bit_splits(*a, num_splits=2, stages=2))
     elif kernel == "prefill":
-        from hyquant_jax.prefill_launch import MOSAIC_PREFILL
+        from hyquant_jax.prefill_launch import PrefillTuning
         from pallas_kernels.prefill_mgpu import argument_shapes, hybrid_prefill_mgpu
 
         args = argument_shapes(1, 32, 8, 4096, 256, 128)  # Qwen3-8B heads at 4K tokens, as the lowering tests
-        fn = jax.jit(lambda *a: hybrid_prefill_mgpu(*a, scale=128 ** -0.5, **MOSAIC_PREFILL))
+        fn = jax.jit(lambda *a: hybrid_prefill_mgpu(*a, scale=128 ** -0.5, **PrefillTuning().mosaic()))
     else:
         raise ValueError(f"kernel must be 'decode' or 'prefill', got {kernel!r}")
     before = set(core.KNOWN_KERNELS)

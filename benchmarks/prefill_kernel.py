@@ -75,7 +75,7 @@ from hyquant_jax import prefill_launch as pk  # noqa: E402
 from hyquant_jax import reference, vti  # noqa: E402
 from hyquant_jax.attention import prefill_attention
 from hyquant_jax.config import HyQuantConfig  # noqa: E402
-from hyquant_jax.prefill_launch import MOSAIC_PREFILL  # noqa: E402
+from hyquant_jax.prefill_launch import PrefillTuning  # noqa: E402
 from pallas_kernels import prefill_mgpu as mgpu  # noqa: E402
 
 with warnings.catch_warnings():
@@ -216,28 +216,32 @@ def bench(fn, arrays, reps, min_loop_s=0.1, max_iters=50, trace_into: dict | Non
 # ----------------------------------------------------------------------------- methods
 
 def hybrid_fn(config, tuning, interpret, pv_format="bf16"):
-    bq, bk, nw, ns = tuning
-
+    """tuning: (block_q, block_k, num_warps, num_stages) of the Triton kernel."""
     def fn(q, k, v, lengths, vl_idx, vl_count):
         return pk.prefill_attention(q, k, v, lengths, vl_idx, vl_count, config, interpret=interpret,
-                                    pv_format=pv_format, block_q=bq, block_k=bk, num_warps=nw, num_stages=ns)
+                                    pv_format=pv_format, tuning=PrefillTuning(*tuning))
 
     return fn
 
 
+# The Mosaic variants below are changes to one compute warpgroup on 64-key steps without the speed options.
+ONE_WG = dict(compute_wgs=1, block_kv=64, pingpong=False, approx_math=False, magic_convert=False)
+
+
 def mgpu_fn(config, interpret, **kernel):
+    tuning = PrefillTuning(**{**ONE_WG, **kernel})
+
     def fn(q, k, v, lengths, vl_idx, vl_count):
-        return pk.prefill_attention_mgpu(q, k, v, lengths, vl_idx, vl_count, config, interpret=interpret, **kernel)
+        return pk.prefill_attention_mgpu(q, k, v, lengths, vl_idx, vl_count, config, interpret=interpret,
+                                         tuning=tuning)
 
     return fn
 
 
 def uniform_fn(qk_format, tuning, interpret, pv_format="bf16"):
-    bq, bk, nw, ns = tuning
-
     def fn(q, k, v, lengths):
         return pk.uniform_prefill_attention(q, k, v, lengths, qk_format, interpret=interpret, pv_format=pv_format,
-                                            block_q=bq, block_k=bk, num_warps=nw, num_stages=ns)
+                                            tuning=PrefillTuning(*tuning))
 
     return fn
 
@@ -277,7 +281,7 @@ def correctness(interpret, tuning=None, shape=(2, 8, 2, 1000, 128), lengths=(100
     q, k, v = make_inputs(11, b, hq, hkv, t, d)
     lengths = jnp.asarray(lengths, jnp.int32)
     config = HyQuantConfig(window=128, prefill_block=128 if tuning else 64, rho=0.05)
-    kw = {} if tuning is None else dict(zip(("block_q", "block_k", "num_warps", "num_stages"), tuning))
+    kw = {} if tuning is None else dict(tuning=PrefillTuning(*tuning))
     q_tail = vti.tail_queries(q, lengths, vti.tail_query_count(config))
     vl_idx, vl_count = vti.vertical_token_identification(q_tail, k, lengths, config)
     rows = []
@@ -356,15 +360,12 @@ def run_length(t, tuning, mha_tuning, interpret, reps, b, hq, hkv, d, have_cudnn
     fp8 = HyQuantConfig(window=CONFIG.window, prefill_block=CONFIG.prefill_block, rho=CONFIG.rho, prefill_qk="fp8")
     hyb_args = (q, k, v, lengths, vl_idx, vl_count)
     kargs, kernel = pk.prepare_kernel_call(q, k, v, lengths, vl_idx, vl_count, CONFIG, interpret=interpret,
-                                           block_q=tuning[0], block_k=tuning[1], num_warps=tuning[2],
-                                           num_stages=tuning[3])
+                                           tuning=PrefillTuning(*tuning))
 
     def e2e(q, k, v, lengths):
-        bq, bk, nw, ns = tuning
         q_tail = vti.tail_queries(q, lengths, vti.tail_query_count(CONFIG))
         vl = vti.vertical_token_identification(q_tail, k, lengths, CONFIG)
-        return pk.prefill_attention(q, k, v, lengths, *vl, CONFIG, interpret=interpret, block_q=bq, block_k=bk,
-                                    num_warps=nw, num_stages=ns)
+        return pk.prefill_attention(q, k, v, lengths, *vl, CONFIG, interpret=interpret, tuning=PrefillTuning(*tuning))
 
     methods = {
         "hybrid_int8": (hybrid_fn(CONFIG, tuning, interpret), hyb_args, True),
@@ -381,8 +382,8 @@ def run_length(t, tuning, mha_tuning, interpret, reps, b, hq, hkv, d, have_cudnn
         methods["cudnn_bf16"] = (cudnn_fn, (qt, kt, vt), True)
     if d in mgpu.HEAD_DIMS and (only is None or any(m.startswith("hybrid_int8_mgpu") for m in only)):
         two = dict(compute_wgs=2, block_kv=128, pingpong=True)
-        margs, _ = pk.prepare_kernel_call(q, k, v, lengths, vl_idx, vl_count, CONFIG, block_q=mgpu.BLOCK,
-                                          block_k=128)
+        margs, _ = pk.prepare_kernel_call(q, k, v, lengths, vl_idx, vl_count, CONFIG,
+                                          tuning=PrefillTuning(block_q=mgpu.BLOCK, block_k=128))
         methods["hybrid_int8_mgpu"] = (mgpu_fn(CONFIG, interpret), hyb_args, True)
         methods["hybrid_int8_mgpu_2wg"] = (mgpu_fn(CONFIG, interpret, **two), hyb_args, True)
         methods["hybrid_int8_mgpu_2wg_nopp"] = (mgpu_fn(CONFIG, interpret, **dict(two, pingpong=False)), hyb_args,
@@ -396,11 +397,12 @@ def run_length(t, tuning, mha_tuning, interpret, reps, b, hq, hkv, d, have_cudnn
         methods["hybrid_int8_mgpu_2wg_fast"] = (
             mgpu_fn(CONFIG, interpret, **dict(two, pingpong=False, approx_math=True, magic_convert=True)),
             hyb_args, True)
-        methods["hybrid_int8_mgpu_2wg_fast_pp"] = (mgpu_fn(CONFIG, interpret, **MOSAIC_PREFILL), hyb_args, True)
+        methods["hybrid_int8_mgpu_2wg_fast_pp"] = (mgpu_fn(CONFIG, interpret, **PrefillTuning().mosaic()), hyb_args,
+                                                   True)
         methods["hybrid_int8_mgpu_2wg_kv64"] = (mgpu_fn(CONFIG, interpret, compute_wgs=2, block_kv=64, stages=3),
                                                 hyb_args, True)
         methods["hybrid_int8_mgpu_kernel"] = (partial(mgpu.hybrid_prefill_mgpu, scale=scale, interpret=interpret,
-                                                      **MOSAIC_PREFILL), margs, False)
+                                                      **PrefillTuning().mosaic()), margs, False)
         if not interpret:
             methods["hybrid_e2e_mosaic"] = (
                 lambda q, k, v, lengths: prefill_attention(q, k, v, lengths, CONFIG, backend="mosaic")[0],

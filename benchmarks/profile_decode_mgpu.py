@@ -83,16 +83,17 @@ def profile_case(batch: int, context: int, out_dir: str) -> dict:
     import numpy as np
 
     from benchmarks.decode_kernel import CONFIG, make_inputs
+    from hyquant_jax import decode_launch
     from hyquant_jax.backends import multiprocessor_count
     from pallas_kernels import decode_mgpu as dm
 
     inp = make_inputs(batch, 32, 8, 128, context, CONFIG)
     c = inp.cache
     b, h = c.batch, c.num_kv_heads
-    q = dm.kernel_query(inp.q, h, 1.0 / np.sqrt(128.0))
+    q = dm.kernel_query(decode_launch.query_groups(inp.q, h, 1.0 / np.sqrt(128.0)))
     ops = (c.k_codes, c.k_scale, c.k_zero, c.v_codes, c.v_scale[..., 0], c.v_zero[..., 0], c.page_count,
            c.num_pages)
-    splits = dm.default_splits(b, h, c.page_count.shape[1], sms=multiprocessor_count())  # as decode_launch
+    splits = decode_launch.mosaic_splits(b, h, c.page_count.shape[1], multiprocessor_count())  # as its plan
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         jax.block_until_ready(dm.low_bit_splits(q, *ops, num_splits=splits, profile_dir=tmp))
         jax.effects_barrier()  # the trace is written by a host callback

@@ -1,14 +1,16 @@
-"""Attention entry points: run hybrid decode or prefill on the backend asked for (`hyquant_jax.backends`)."""
+"""Attention entry points: check the arguments, pick the implementation the backend names on this device
+(`decode_launch.resolve`, `prefill_launch.resolve`) and run it: the reference here, the kernels in
+`hyquant_jax.decode_launch` and `hyquant_jax.prefill_launch`."""
 
 from __future__ import annotations
 
-import jax.numpy as jnp
-
 from hyquant_jax import reference
-from hyquant_jax.backends import prefill_backend, resolve_backend
-from hyquant_jax.cache import HybridKVCache, accumulate_ring_scores, append, flush_full_rings
+from hyquant_jax.cache import HybridKVCache, accumulate_ring_scores, append, check_decode_query
 from hyquant_jax.config import HyQuantConfig, as_lengths, check_config
 from hyquant_jax.vti import tail_queries, tail_query_count, vertical_token_identification
+
+# decode_launch and prefill_launch are imported on first use, not with the package: they import Mosaic GPU,
+# the largest part of `import hyquant_jax`, which the reference backend never runs.
 
 
 def _check_cache_and_config(cache, config) -> None:
@@ -21,11 +23,11 @@ def _check_cache_and_config(cache, config) -> None:
 def check_tuning(tuning, name: str = "tuning"):
     """`tuning` if it is None (the decode kernels' defaults) or a `decode_launch.DecodeTuning`; anything else
     is a ValueError naming the argument `name`."""
-    from hyquant_jax.decode_launch import DecodeTuning  # imported lazily: only kernel backends need Pallas
+    if tuning is None:
+        return None
+    from hyquant_jax import decode_launch  # on first use: see the note above
 
-    if tuning is not None and not isinstance(tuning, DecodeTuning):
-        raise ValueError(f"{name} must be None or a hyquant_jax.decode_launch.DecodeTuning, got {tuning!r}")
-    return tuning
+    return decode_launch.check_tuning(tuning, name)
 
 
 def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, backend: str = "auto",
@@ -38,14 +40,15 @@ def decode_attention(q, cache: HybridKVCache, config: HyQuantConfig, backend: st
     knobs (`decode_launch.DecodeTuning`; None: their defaults); the reference backend ignores it.
     """
     _check_cache_and_config(cache, config)
-    backend = resolve_backend(backend)
+    check_decode_query(q, cache)
     tuning = check_tuning(tuning)
-    if backend == "reference":
+    from hyquant_jax import decode_launch  # on first use: see the note above
+
+    path = decode_launch.resolve(backend, cache, config, q.shape[1])
+    if path == "reference":
         out, lse = reference.hybrid_decode_attention_reference(q, cache, config, scale=scale)
         return (out, lse, None) if ring_logits else (out, lse)
-    from hyquant_jax import decode_launch  # imported lazily: only kernel backends need Pallas
-
-    return decode_launch.decode_attention(q, cache, config, interpret=backend == "interpret", scale=scale,
+    return decode_launch.decode_attention(q, cache, config, interpret=path == "interpret", scale=scale,
                                           ring_logits=ring_logits, tuning=tuning)
 
 
@@ -55,44 +58,21 @@ def decode_step(q, k, v, cache: HybridKVCache, config: HyQuantConfig, backend: s
 
     flush=False: the window rings were already given room (`flush_full_rings`, see `append`).
     tuning: the kernel backends' launch knobs (`decode_launch.DecodeTuning`; None: their defaults).
-    Returns (out [B, Hq, D], new cache).
-
-    The kernel backends attend over the cache as it was and this step's token as one more key
-    (`decode_launch.decode_attention(..., new_token=...)`), then append it: the append writes the ring the
-    Triton launch reads, so XLA runs it after that launch, off the path from q to the output, where before
-    both attention launches waited for it.
+    Returns (out [B, Hq, D], new cache). The kernel backends run `decode_launch.decode_step` (which attends
+    before it appends); the reference appends, attends and recomputes the ring scores in jnp.
     """
     _check_cache_and_config(cache, config)
-    ring_logits = config.flush_vl_count > 0  # ring scores are kept only when flushed tokens can be promoted
-    resolved = resolve_backend(backend)
+    check_decode_query(q, cache)
     tuning = check_tuning(tuning)
-    if resolved == "reference":
-        cache = append(cache, k, v, config, active=active, flush=flush, backend=backend)
-        out, lse, *logits = decode_attention(q, cache, config, backend=backend, scale=scale, ring_logits=ring_logits)
-    else:
-        from hyquant_jax import decode_launch
+    from hyquant_jax import decode_launch  # on first use: see the note above
 
-        want = (cache.batch, cache.num_kv_heads, cache.head_dim)
-        if k.shape != want or v.shape != want:
-            raise ValueError(f"decode_step: k and v must be [B, H_kv, D]={want}, got {k.shape} and {v.shape}")
-        active = jnp.ones((cache.batch,), bool) if active is None else jnp.asarray(active)
-        if active.shape != (cache.batch,):
-            raise ValueError(f"decode_step: active must be bool [B]={(cache.batch,)}, got {active.shape}")
-        active = active.astype(bool)
-        if flush:
-            (cache,) = flush_full_rings((cache,), config, active)
-        appended = append(cache, k, v, config, active=active, flush=False, backend=backend)
-        # The token's ring slot from the appended cache: the append advances ring_len in place, and a reader
-        # of the old value after it costs two s32 copies a layer and step (inactive rows: masked there).
-        slot = (appended.ring_start + appended.ring_len - 1) % config.ring_size
-        # the kernels hand over their ring logits, so XLA makes no second pass over the ring
-        out, lse, *logits = decode_launch.decode_attention(
-            q, cache, config, interpret=resolved == "interpret", scale=scale,
-            ring_logits=ring_logits, new_token=(k, v, active), token_slot=slot, tuning=tuning)
-        cache = appended
-    ring_logits = logits[0] if logits else None
-    cache = accumulate_ring_scores(cache, q, lse, config, scale=scale, ring_logits=ring_logits)
-    return out, cache
+    path = decode_launch.resolve(backend, cache, config, q.shape[1])
+    if path != "reference":
+        return decode_launch.decode_step(q, k, v, cache, config, interpret=path == "interpret", active=active,
+                                         scale=scale, flush=flush, tuning=tuning)
+    cache = append(cache, k, v, config, active=active, flush=flush, backend=backend)
+    out, lse = reference.hybrid_decode_attention_reference(q, cache, config, scale=scale)
+    return out, accumulate_ring_scores(cache, q, lse, config, scale=scale)
 
 
 def prefill_attention(q, k, v, lengths, config: HyQuantConfig, backend: str = "auto",
@@ -108,17 +88,14 @@ def prefill_attention(q, k, v, lengths, config: HyQuantConfig, backend: str = "a
     reference.check_prefill_shapes(q, k, v, lengths)
     q_tail = tail_queries(q, lengths, tail_query_count(config))
     vl = vertical_token_identification(q_tail, k, lengths, config, scale=scale)
-    backend = prefill_backend(backend, q.shape[-1], config)
-    if backend == "reference":
+    from hyquant_jax import prefill_launch  # on first use: see the note above
+
+    implementation = prefill_launch.resolve(backend, q.shape[-1], config)
+    if implementation == "reference":
         out = reference.hybrid_prefill_attention_reference(q, k, v, lengths, *vl, config, scale=scale)
-    elif backend == "mosaic":
-        from hyquant_jax import prefill_launch
-
-        out = prefill_launch.prefill_attention_mgpu(q, k, v, lengths, *vl, config, scale=scale,
-                                                    **prefill_launch.MOSAIC_PREFILL)
+    elif implementation == "mosaic":
+        out = prefill_launch.prefill_attention_mgpu(q, k, v, lengths, *vl, config, scale=scale)
     else:
-        from hyquant_jax import prefill_launch
-
-        out = prefill_launch.prefill_attention(q, k, v, lengths, *vl, config, interpret=backend == "interpret",
+        out = prefill_launch.prefill_attention(q, k, v, lengths, *vl, config, interpret=implementation == "interpret",
                                                scale=scale)
     return out, vl

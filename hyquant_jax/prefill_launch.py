@@ -1,7 +1,16 @@
-"""Glue between `hyquant_jax.attention.prefill_attention` and the Pallas prefill kernel.
+"""The prefill op: causal hybrid prefill attention through the Pallas kernels.
 
-`prefill_attention` prepares the arrays `pallas_kernels.prefill.hybrid_prefill`
-takes, with the exact math of `reference.hybrid_prefill_attention_reference`:
+Implementations (`IMPLEMENTATIONS`, in the order "auto" prefers them; `resolve` maps backend names to them):
+  "mosaic"    `pallas_kernels.prefill_mgpu` (Mosaic GPU), Hopper only, for INT8 Q.K, `prefill_block` a multiple
+              of 64 and head_dim 64 or 128 (`mosaic_unfit`);
+  "triton"    `pallas_kernels.prefill` (Triton), any recent NVIDIA GPU (or interpret mode), head_dim a power
+              of two >= 16;
+  "reference" `hyquant_jax.reference`, any device (`hyquant_jax.attention` runs it).
+`PrefillTuning` holds both kernels' launch knobs, with one set of defaults. Why two kernels: docs/design.md,
+"Prefill kernels".
+
+`_prepare` makes the arrays both kernels take, with the exact math of
+`reference.hybrid_prefill_attention_reference`:
 
 * Q: per-token int8 (or fp8 e4m3) codes and scales; the scale times
   softmax_scale * log2(e) is one float per row (`qrow`), and the smoothing
@@ -21,13 +30,15 @@ over the query heads of a group (GQA-native).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from functools import partial
 
 import jax
 import jax.numpy as jnp
 
-from hyquant_jax import quant
+from hyquant_jax import backends, quant
+from hyquant_jax.backends import TRITON_WARPS, Implementation
 from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.reference import check_prefill_shapes
 from hyquant_jax.reorder import stable_partition
@@ -36,11 +47,119 @@ from pallas_kernels import prefill_mgpu as _mgpu
 
 LOG2E = _kernel.LOG2E
 PV_FORMATS = ("bf16", "fp8")
-# The Mosaic prefill kernel's launch: two 64-row compute warpgroups per CTA taking turns at the tensor cores,
-# 128-key steps, approximate exp2, INT8 dots converted by an add and a subtract: the fastest setting measured
-# on the H200 (docs/design.md, "Prefill kernels").
-MOSAIC_PREFILL = dict(compute_wgs=2, block_kv=128, pingpong=True, approx_math=True, magic_convert=True)
 
+
+@dataclasses.dataclass(frozen=True)
+class PrefillTuning:
+    """The prefill kernels' launch knobs, checked on construction: one set of defaults for each kernel.
+
+    Triton kernel (`pallas_kernels.prefill`): block_q query rows and block_k keys per step (powers of two
+    >= 16; block_q divides `config.prefill_block`), num_warps, num_stages; None: `default_blocks` for the
+    head_dim and `config.prefill_block` (num_warps: `_default_warps` for the block_q in use).
+    Mosaic kernel (`pallas_kernels.prefill_mgpu.hybrid_prefill_mgpu`): compute_wgs (1 or 2) warpgroups of 64
+    query rows per CTA on one stream of key steps of block_kv (64 or 128) keys, `stages` (>= 2) of them in
+    shared memory at once; pingpong: two compute warpgroups take turns at the tensor cores; approx_math:
+    approximate exp2; skip_masks: steps whose keys are all valid for every row skip the mask; magic_convert:
+    the INT8 dots become float32 by an add and a subtract. The defaults are the fastest setting measured
+    (docs/design.md, "Prefill kernels").
+    """
+
+    block_q: int | None = None
+    block_k: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    compute_wgs: int = 2
+    block_kv: int = 128
+    stages: int = 2
+    pingpong: bool = True
+    approx_math: bool = True
+    skip_masks: bool = True
+    magic_convert: bool = True
+
+    def __post_init__(self):
+        for name in ("block_q", "block_k"):
+            value = getattr(self, name)
+            if value is not None and not (type(value) is int and value >= 16 and value & (value - 1) == 0):
+                raise ValueError(f"PrefillTuning.{name} must be None or a power of two >= 16, got {value!r}")
+        if self.num_warps is not None and (type(self.num_warps) is not int or self.num_warps not in TRITON_WARPS):
+            raise ValueError(f"PrefillTuning.num_warps must be None or one of {TRITON_WARPS}, got {self.num_warps!r}")
+        if self.num_stages is not None and not (type(self.num_stages) is int and self.num_stages >= 1):
+            raise ValueError(f"PrefillTuning.num_stages must be None or an int >= 1, got {self.num_stages!r}")
+        if type(self.compute_wgs) is not int or self.compute_wgs not in _mgpu.COMPUTE_WGS:
+            raise ValueError(f"PrefillTuning.compute_wgs must be one of {_mgpu.COMPUTE_WGS}, got {self.compute_wgs!r}")
+        if type(self.block_kv) is not int or self.block_kv not in _mgpu.BLOCK_KVS:
+            raise ValueError(f"PrefillTuning.block_kv must be one of {_mgpu.BLOCK_KVS}, got {self.block_kv!r}")
+        if not (type(self.stages) is int and self.stages >= _mgpu.MIN_STAGES):
+            raise ValueError(f"PrefillTuning.stages must be an int >= {_mgpu.MIN_STAGES}, got {self.stages!r}")
+        for name in ("pingpong", "approx_math", "skip_masks", "magic_convert"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"PrefillTuning.{name} must be a bool, got {getattr(self, name)!r}")
+
+    def mosaic(self) -> dict:
+        """The Mosaic kernel's launch keywords (`hybrid_prefill_mgpu`)."""
+        return dict(compute_wgs=self.compute_wgs, block_kv=self.block_kv, stages=self.stages, pingpong=self.pingpong,
+                    approx_math=self.approx_math, skip_masks=self.skip_masks, magic_convert=self.magic_convert)
+
+
+def check_tuning(tuning, name: str = "tuning") -> PrefillTuning | None:
+    """`tuning` if it is None (the defaults) or a `PrefillTuning`; anything else is a ValueError naming the
+    argument `name`."""
+    if tuning is not None and not isinstance(tuning, PrefillTuning):
+        raise ValueError(f"{name} must be None or a hyquant_jax.prefill_launch.PrefillTuning, got {tuning!r}")
+    return tuning
+
+
+# ----------------------------------------------------------------------------- fit rules and implementations
+
+def mosaic_unfit(head_dim: int, config: HyQuantConfig) -> list[str]:
+    """What `pallas_kernels.prefill_mgpu` needs that this head_dim and config lack (empty: it fits)."""
+    problems = []
+    if config.prefill_qk != "int8":
+        problems.append(f"config.prefill_qk 'int8' (got {config.prefill_qk!r})")
+    if config.prefill_block % _mgpu.BLOCK:
+        problems.append(f"config.prefill_block a multiple of {_mgpu.BLOCK} (got {config.prefill_block})")
+    if head_dim not in _mgpu.HEAD_DIMS:
+        problems.append(f"head_dim in {_mgpu.HEAD_DIMS} (got {head_dim})")
+    return problems
+
+
+def triton_unfit(head_dim: int) -> str | None:
+    """Why `pallas_kernels.prefill` cannot take this head_dim, or None where it can."""
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        return f"head_dim must be a power of two >= 16 (64, 128, 256), got {head_dim}"
+    return None
+
+
+def _mosaic_unsupported(device, head_dim: int, config: HyQuantConfig, interpret: bool = False) -> str | None:
+    if not interpret and not backends.is_hopper(device):
+        return f"the Mosaic GPU prefill kernel needs a Hopper GPU, got {getattr(device, 'device_kind', device)}"
+    problems = mosaic_unfit(head_dim, config)
+    return "the Mosaic GPU prefill kernel needs " + "; ".join(problems) if problems else None
+
+
+def _triton_unsupported(device, head_dim: int, config: HyQuantConfig, interpret: bool = False) -> str | None:
+    return backends.needs_gpu(device, interpret, "Triton prefill kernel") or triton_unfit(head_dim)
+
+
+# unsupported(device, head_dim, config, interpret): the reason an implementation cannot run, or None
+IMPLEMENTATIONS = {implementation.name: implementation for implementation in (
+    Implementation("mosaic", _mosaic_unsupported),
+    Implementation("triton", _triton_unsupported),
+    Implementation("reference", backends.runs_anywhere),
+)}
+
+
+def resolve(backend: str, head_dim: int, config: HyQuantConfig, device=None) -> str:
+    """The implementation `hyquant_jax.prefill_attention` runs for `backend`: "auto" -> the first of
+    IMPLEMENTATIONS that runs on `device` (default: the first JAX device) for this head_dim and config; other
+    backend names as they are ("interpret": the Triton kernel in interpret mode)."""
+    backends.check_backend(backend)
+    if backend == "auto":
+        return backends.first_supported(IMPLEMENTATIONS.values(), backends.default_device(device), head_dim, config)
+    return backend
+
+
+# ----------------------------------------------------------------------------- the Triton kernel's launch
 
 def default_blocks(head_dim: int, prefill_block: int) -> tuple[int, int, int, int]:
     """(block_q, block_k, num_warps, num_stages) used when none are given."""
@@ -187,20 +306,18 @@ def _prefill(q, k, v, lengths, vl_idx, vl_count, *, config: HyQuantConfig, inter
 
 def prepare_kernel_call(q, k, v, lengths, vl_idx, vl_count, config: HyQuantConfig, interpret: bool = False,
                         scale: float | None = None, *, uniform: bool = False, pv_format: str = "bf16",
-                        block_q: int | None = None, block_k: int | None = None, num_warps: int | None = None,
-                        num_stages: int | None = None):
-    """Split `prefill_attention` into its glue and its kernel (for benchmarks).
+                        tuning: PrefillTuning | None = None):
+    """Split `prefill_attention` into its glue and its Triton kernel (for benchmarks).
 
     Returns (args, kernel): `args` are the prepared arrays (computed now, jitted)
     and `kernel(*args)` runs only the Pallas kernel, returning [B, Hq, Tp, D]
     (Tp >= T: cut rows off with [:, :, :T]).
     """
     _check(q, k, v, lengths)
+    tuning = check_tuning(tuning) or PrefillTuning()
     if uniform:
-        qk_format = config.prefill_qk
-        config = HyQuantConfig(window=0, rho=0.0, prefill_qk=qk_format,
-                               prefill_block=block_q or default_blocks(q.shape[-1], 256)[0])
-    bq, bk, nw, ns = _resolve(config, q.shape[-1], block_q, block_k, num_warps, num_stages)
+        config = _uniform_config(config.prefill_qk, q.shape[-1], tuning)
+    bq, bk, nw, ns = triton_launch(q.shape[-1], config, tuning)
     prep = jax.jit(partial(_prepare, config=config, scale=scale, uniform=uniform, qk_format=config.prefill_qk,
                            pv_format=pv_format, block_q=bq, block_k=bk))
     args, kscale = prep(q, k, v, lengths, vl_idx.astype(jnp.int32), vl_count.astype(jnp.int32))
@@ -210,22 +327,30 @@ def prepare_kernel_call(q, k, v, lengths, vl_idx, vl_count, config: HyQuantConfi
     return args, kernel
 
 
-def _resolve(config: HyQuantConfig, d, block_q, block_k, num_warps, num_stages):
-    dq, dk, dw, ds = default_blocks(d, config.prefill_block)
-    block_q = dq if block_q is None else block_q
-    block_k = dk if block_k is None else block_k
-    num_warps = _default_warps(block_q, d) if num_warps is None else num_warps
-    num_stages = ds if num_stages is None else num_stages
+def triton_launch(head_dim: int, config: HyQuantConfig, tuning: PrefillTuning) -> tuple[int, int, int, int]:
+    """(block_q, block_k, num_warps, num_stages) of the Triton launch: the tuning's, `default_blocks`' where it
+    leaves them None. Raises where block_q does not divide `config.prefill_block`."""
+    dq, dk, _, ds = default_blocks(head_dim, config.prefill_block)
+    block_q = dq if tuning.block_q is None else tuning.block_q
+    block_k = dk if tuning.block_k is None else tuning.block_k
+    num_warps = _default_warps(block_q, head_dim) if tuning.num_warps is None else tuning.num_warps
+    num_stages = ds if tuning.num_stages is None else tuning.num_stages
     if block_q > config.prefill_block or config.prefill_block % block_q:
         raise ValueError(f"block_q={block_q} must divide config.prefill_block={config.prefill_block}")
     return block_q, block_k, num_warps, num_stages
 
 
+def _uniform_config(qk_format: str, head_dim: int, tuning: PrefillTuning) -> HyQuantConfig:
+    """The config of the uniform baseline: no VL, no window, one prefill block per query block."""
+    block = tuning.block_q or default_blocks(head_dim, 256)[0]
+    return HyQuantConfig(window=0, rho=0.0, prefill_qk=qk_format, prefill_block=block)
+
+
 def _check(q, k, v, lengths):
     check_prefill_shapes(q, k, v, lengths)
-    d = q.shape[3]
-    if d < 16 or d & (d - 1):
-        raise ValueError(f"head_dim must be a power of two >= 16 (64, 128, 256), got {d}")
+    why_not = triton_unfit(q.shape[3])
+    if why_not is not None:
+        raise ValueError(why_not)
 
 
 def _check_vl(q, k, vl_idx, vl_count):
@@ -233,10 +358,14 @@ def _check_vl(q, k, vl_idx, vl_count):
         raise ValueError(f"vl_idx must be [B, Hkv, K] and vl_count [B]; got {vl_idx.shape}, {vl_count.shape}")
 
 
+def _check_pv_format(pv_format):
+    if pv_format not in PV_FORMATS:
+        raise ValueError(f"pv_format must be one of {PV_FORMATS}, got {pv_format!r}")
+
+
 def prefill_attention(q, k, v, lengths, vl_idx, vl_count, config: HyQuantConfig, interpret: bool = False,
-                      scale: float | None = None, *, pv_format: str = "bf16", block_q: int | None = None,
-                      block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None):
-    """Causal hybrid prefill attention with the Pallas kernel (matches
+                      scale: float | None = None, *, pv_format: str = "bf16", tuning: PrefillTuning | None = None):
+    """Causal hybrid prefill attention with the Triton kernel (matches
     `reference.hybrid_prefill_attention_reference`).
 
     q: [B, Hq, T, D]; k, v: [B, Hkv, T, D]; lengths int [B]; vl_idx int32
@@ -244,36 +373,36 @@ def prefill_attention(q, k, v, lengths, vl_idx, vl_count, config: HyQuantConfig,
     `vertical_token_identification`). QK format from `config.prefill_qk`.
     pv_format "fp8" also runs P.V of the quantized segment in fp8 e4m3 (one
     scale per channel of V; not in the reference, an option for speed).
+    tuning: the launch (None: `PrefillTuning()`'s defaults).
     Returns [B, Hq, T, D] in q.dtype; rows at positions >= lengths are 0.
     """
     _check(q, k, v, lengths)
-    if pv_format not in PV_FORMATS:
-        raise ValueError(f"pv_format must be one of {PV_FORMATS}, got {pv_format!r}")
+    _check_pv_format(pv_format)
     _check_vl(q, k, vl_idx, vl_count)
-    bq, bk, nw, ns = _resolve(config, q.shape[-1], block_q, block_k, num_warps, num_stages)
+    bq, bk, nw, ns = triton_launch(q.shape[-1], config, check_tuning(tuning) or PrefillTuning())
     return _prefill(q, k, v, lengths, vl_idx.astype(jnp.int32), vl_count.astype(jnp.int32), config=config,
                     interpret=interpret, scale=scale, uniform=False, qk_format=config.prefill_qk,
                     pv_format=pv_format, block_q=bq, block_k=bk, num_warps=nw, num_stages=ns)
 
 
 def uniform_prefill_attention(q, k, v, lengths, qk_format: str = "int8", interpret: bool = False,
-                              scale: float | None = None, *, pv_format: str = "bf16", block_q: int | None = None,
-                              block_k: int | None = None, num_warps: int | None = None,
-                              num_stages: int | None = None):
+                              scale: float | None = None, *, pv_format: str = "bf16",
+                              tuning: PrefillTuning | None = None):
     """SageAttention-style baseline on the same kernel: every causal key through
     quantized Q.K (no VL, no window; matches `reference.uniform_quantized_prefill_reference`)."""
     _check(q, k, v, lengths)
-    if pv_format not in PV_FORMATS:
-        raise ValueError(f"pv_format must be one of {PV_FORMATS}, got {pv_format!r}")
-    pb = block_q or default_blocks(q.shape[-1], 256)[0]
-    config = HyQuantConfig(window=0, rho=0.0, prefill_qk=qk_format, prefill_block=pb)
-    bq, bk, nw, ns = _resolve(config, q.shape[-1], block_q, block_k, num_warps, num_stages)
+    _check_pv_format(pv_format)
+    tuning = check_tuning(tuning) or PrefillTuning()
+    config = _uniform_config(qk_format, q.shape[-1], tuning)
+    bq, bk, nw, ns = triton_launch(q.shape[-1], config, tuning)
     b, hkv = k.shape[:2]
     empty = jnp.zeros((b, hkv, 0), jnp.int32)
     return _prefill(q, k, v, lengths, empty, jnp.zeros((b,), jnp.int32), config=config, interpret=interpret,
                     scale=scale, uniform=True, qk_format=qk_format, pv_format=pv_format, block_q=bq,
                     block_k=bk, num_warps=nw, num_stages=ns)
 
+
+# ----------------------------------------------------------------------------- the Mosaic kernel's launch
 
 @partial(jax.jit, static_argnames=("config", "interpret", "scale", "compute_wgs", "block_kv", "stages",
                                    "pingpong", "approx_math", "skip_masks", "magic_convert"))
@@ -289,31 +418,18 @@ def _prefill_mgpu(q, k, v, lengths, vl_idx, vl_count, *, config: HyQuantConfig, 
 
 
 def prefill_attention_mgpu(q, k, v, lengths, vl_idx, vl_count, config: HyQuantConfig, interpret: bool = False,
-                           scale: float | None = None, *, compute_wgs: int = 1, block_kv: int = 64,
-                           stages: int = 2, pingpong: bool = False, approx_math: bool = False,
-                           skip_masks: bool = True, magic_convert: bool = False):
-    """`prefill_attention` through the Mosaic GPU kernel (`pallas_kernels.prefill_mgpu`, Hopper only).
+                           scale: float | None = None, *, tuning: PrefillTuning | None = None):
+    """`prefill_attention` through the Mosaic GPU kernel (`pallas_kernels.prefill_mgpu`, Hopper; interpret mode
+    simulates it on a CPU).
 
     Same arguments, result and reference as `prefill_attention`. Scope: INT8 Q.K
-    (`config.prefill_qk == "int8"`), bf16 P.V, head_dim 64 or 128. A CTA computes
-    `compute_wgs` (1 or 2) blocks of 64 query rows on one stream of key steps of
-    `block_kv` (64 or 128) keys, `stages` of them in shared memory at once;
-    `config.prefill_block` must be a multiple of 64. `pingpong`: two compute
-    warpgroups take turns at the tensor cores. `approx_math`, `skip_masks`, `magic_convert`: see
-    `pallas_kernels.prefill_mgpu.hybrid_prefill_mgpu`.
+    (`config.prefill_qk == "int8"`), bf16 P.V, head_dim 64 or 128, `config.prefill_block` a multiple of 64
+    (`mosaic_unfit`). tuning: the launch (None: `PrefillTuning()`'s defaults; see its Mosaic fields).
     """
     _check(q, k, v, lengths)
-    problems = []
-    if config.prefill_qk != "int8":
-        problems.append(f"config.prefill_qk 'int8' (got {config.prefill_qk!r})")
-    if config.prefill_block % _mgpu.BLOCK:
-        problems.append(f"config.prefill_block a multiple of {_mgpu.BLOCK} (got {config.prefill_block})")
-    if q.shape[-1] not in _mgpu.HEAD_DIMS:
-        problems.append(f"head_dim in {_mgpu.HEAD_DIMS} (got {q.shape[-1]})")
+    problems = mosaic_unfit(q.shape[-1], config)
     if problems:
         raise ValueError("the Mosaic GPU prefill kernel needs " + "; ".join(problems))
     _check_vl(q, k, vl_idx, vl_count)
     return _prefill_mgpu(q, k, v, lengths, vl_idx.astype(jnp.int32), vl_count.astype(jnp.int32), config=config,
-                         interpret=interpret, scale=scale, compute_wgs=compute_wgs, block_kv=block_kv,
-                         stages=stages, pingpong=pingpong, approx_math=approx_math, skip_masks=skip_masks,
-                         magic_convert=magic_convert)
+                         interpret=interpret, scale=scale, **(check_tuning(tuning) or PrefillTuning()).mosaic())

@@ -52,6 +52,8 @@ from jax.experimental.pallas import triton as plgpu
 
 NEG_INIT = -1e30  # running-max start: finite, so empty tiles never give inf - inf
 MAGIC = 128.0
+HEAD_DIMS = (64, 128, 256)
+MIN_GROUP = 16  # channels per per-token scale, at least: the dot operands of a group's slice
 
 
 @dataclasses.dataclass(frozen=True)
@@ -385,7 +387,7 @@ def _low_bit_split(num_pages_ref, page_count_ref, q_ref, kc_ref, ks_ref, kz_ref,
 @functools.partial(jax.jit, static_argnames=("lay", "num_warps", "num_stages", "interpret"))
 def hybrid_decode_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_count, num_pages,
                          vl_k, vl_v, num_vl, ring_k, ring_v, ring_start, ring_len, *,
-                         lay: DecodeLayout, num_warps: int = 4, num_stages: int = 2, interpret: bool = False):
+                         lay: DecodeLayout, num_warps: int, num_stages: int, interpret: bool = False):
     """Run the kernel; returns per-split (o [B,H,NS,rows,D] f32, m, l [B,H,NS,rows] f32), and with
     `lay.ring_logits` also the ring split's logits f32 [B, H, rows, ring_size] (q . k of every ring slot,
     -inf where the slot holds no token; rows past `lay.group` are not written).

@@ -2,12 +2,11 @@
 launch alone) in one launch.
 
 XLA merges the splits in four dependent fusions (the splits' maxima gathered, their maximum, the weighted
-outputs and denominators, their sums and the division); at B=1 32K they separate the Mosaic kernel's end
-from the o projection by ~10.8 us a layer. Here one program per (sequence, KV head, block of output channels)
-loads every split of both launches at once (no loop over the splits: a merge kernel that looped over them was
-no faster) and writes the normalized output and the log-sum-exp. B=1 Qwen3-8B shape on an H200, one process
-each with the same GEMM kernels: 5.49 against 5.71 ms a step at 32K, 6.98 against 7.20 at 128K
-(docs/design.md, "The split merge kernel").
+outputs and denominators, their sums and the division), a chain between the Mosaic kernel's end and the o
+projection on every layer's critical path at B=1. Here one program per (sequence, KV head, block of output
+channels) loads every split of both launches at once (no loop over the splits: a merge kernel that looped
+over them was no faster) and writes the normalized output and the log-sum-exp (docs/design.md, "The split
+merge kernel").
 
 The Mosaic kernel's splits come as it writes them (`decode_mgpu.low_bit_splits(..., packed=True)`): o
 [B, H, NS, 128, 16] with the channels in VALUE_CHANNELS order and ml [B, H, NS, 2, 16] (base-2 maxima,
@@ -27,6 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
+
+from pallas_kernels.decode_mgpu import HEAD_DIM, NATURAL_FROM_VALUE_ROWS, ROWS
 
 CHANNELS = 8  # output channels per program: many small programs, each a short chain of loads (B=1: 128)
 BLOCK_ELEMENTS = 4096  # f32 o values a program loads per launch's set, at most: 32 registers a thread
@@ -113,8 +114,6 @@ def merge_hybrid_splits(o, m, l, mosaic_o=None, mosaic_ml=None, token=None, *, g
     `decode.merge_splits` of both sets concatenated (`decode_mgpu.natural_splits` for the Mosaic set);
     a sequence without keys gets 0 and -inf.
     """
-    from pallas_kernels.decode_mgpu import HEAD_DIM, NATURAL_FROM_VALUE_ROWS, ROWS
-
     b, h, ns, rows, d = o.shape
     mosaic = mosaic_o is not None or mosaic_ml is not None
     nm = mosaic_o.shape[2] if mosaic_o is not None else 0
@@ -160,8 +159,6 @@ def merge_hybrid_splits(o, m, l, mosaic_o=None, mosaic_ml=None, token=None, *, g
 def reference_merge(o, m, l, mosaic_o, mosaic_ml, group: int, token=None):
     """float64 NumPy oracle of `merge_hybrid_splits` (the log-sum-exp merge of both sets, or of the Triton set
     alone when mosaic_o is None, and the token; first `group` rows)."""
-    from pallas_kernels.decode_mgpu import NATURAL_FROM_VALUE_ROWS
-
     o, m, l = (np.asarray(x, np.float64)[:, :, :, :group] for x in (o, m, l))
     if mosaic_o is not None:
         mosaic_m, mosaic_l = np.asarray(mosaic_ml)[..., 0, :], np.asarray(mosaic_ml)[..., 1, :]

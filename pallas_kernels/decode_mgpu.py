@@ -6,7 +6,7 @@ One new query token per sequence; the output is the split-K partial state (unnor
 max and denominator per split), merged by log-sum-exp like the Triton kernel's splits.
 
 Why this kernel exists (docs/design.md, "Two decode kernels"): the Triton kernel spends ~54 warp instructions
-per (token, KV head), so on the H200 it moves 4-bit codes at ~1 TB/s, a third of the HBM speed.
+per (token, KV head), so it moves 4-bit codes far below the HBM speed.
 Here the 4-bit codes become fp16 wgmma operands with one prmt (keys) or shift (values) per 4 codes and one
 lop3 and one f16x2 op per 2 codes (keys add their f16x2 dequantizing multiply-add), and no relayout:
 
@@ -53,6 +53,7 @@ PAGE = 64  # tokens per page
 HEAD_DIM = 128
 BYTES = HEAD_DIM // 2  # packed bytes per token: byte i holds dim i (low nibble) and dim 64 + i (high nibble)
 ROWS = 16  # query rows per KV head (the GQA group, zero-padded); wgmma N
+RESIDENT_BLOCKS_PER_SM = 3  # blocks a multiprocessor holds at once at the kernel's register count
 LN2 = math.log(2.0)
 NEG_INIT = -1e30  # finite running-max start: an empty split gives weight exp2(-1e30 - m) = 0 in the merge
 LAZY_MAX_SLACK = 8.0  # base-2 logits may exceed the running max by this much before it is updated (p <= 256)
@@ -243,8 +244,8 @@ def _f32_hex(x: float) -> str:
 
 def _prepare_query(ctx, natural, out, *, group: int, scale: float):
     """The kernel's q from the step's natural one, in shared memory: out[r, v] = f16(q[r, KEY_CHANNELS[v]] *
-    scale * (1 / ln 2)) for the group's rows r < group, 0 for r >= group (what `kernel_query` computes in XLA,
-    with the same two float32 roundings before the f16 one).
+    scale * (1 / ln 2)) for the group's rows r < group, 0 for r >= group (what `kernel_query` computes in XLA
+    from q * scale, with the same two float32 roundings before the f16 one).
 
     natural: bf16 [group, 128]; out: f16 [16, 128] with the tiling (8, 64) and 128-byte swizzle of q_s (tile
     (r // 8, v // 64) at (2 (r // 8) + v // 64) x 1024 bytes; in it, the 16-byte chunk k of row r sits at chunk
@@ -459,7 +460,8 @@ def low_bit_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, page_c
       KEY_CHANNELS order, times softmax_scale * log2(e) (base-2 logits): `kernel_query`'s output. With
       query_scale (softmax_scale, a Python float), q is instead the step's query as the model computed it,
       bf16 [B, H * G, 128] (G <= 16 query heads per KV head), and each block prepares its rows in shared
-      memory as `kernel_query(q, H, query_scale)` would: no separate launch converts q before the kernel;
+      memory as `kernel_query` would from q * query_scale grouped by KV head: no separate launch converts q
+      before the kernel;
     k_codes, v_codes: uint8 [B, H, S, 64] (the cache's packing); k_scale, k_zero: bf16 [B, H, S // 64, 128]
       per page and channel; v_scale, v_zero: bf16 [B, H, S] per token; page_count: int32 [B, S // 64] tokens
       at the front of each page; num_pages: int32 [B] pages in use.
@@ -575,13 +577,11 @@ def reference_low_bit(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, pag
     return out, m_all, l_all
 
 
-def kernel_query(q, num_kv_heads: int, scale: float):
-    """q [B, Hq, D=128] -> the kernel's q: f16 [B, H, 16, 128], each KV head's GQA group as rows (zero rows past
-    it), times scale / ln 2 (base-2 logits), channels in KEY_CHANNELS order."""
-    b, hq, d = q.shape
-    group = hq // num_kv_heads
-    qg = (q.astype(jnp.float32) * scale).reshape(b, num_kv_heads, group, d)
-    qg = jnp.pad(qg, ((0, 0), (0, 0), (0, ROWS - group), (0, 0)))
+def kernel_query(q_groups):
+    """The query rows of each KV head's GQA group times the softmax scale, float32 [B, H, G <= 16, 128] ->
+    the kernel's q: f16 [B, H, 16, 128] (zero rows past the group), times 1 / ln 2 (base-2 logits), channels in
+    KEY_CHANNELS order."""
+    qg = jnp.pad(q_groups, ((0, 0), (0, 0), (0, ROWS - q_groups.shape[2]), (0, 0)))
     return (qg * (1.0 / LN2))[..., KEY_CHANNELS].astype(jnp.float16)
 
 
@@ -596,32 +596,3 @@ def merge(o, m, l):
     natural order (0 for a sequence without pages)."""
     out, _ = merge_splits(*natural_splits(o, m, l), ROWS)
     return out.reshape(o.shape[0], o.shape[1], ROWS, HEAD_DIM)
-
-
-def default_splits(batch: int, heads: int, pages: int, sms: int = 132, per_sm: int = 2,
-                   resident_per_sm: int = 3, block_overhead_pages: int = 16) -> int:
-    """Splits per (sequence, KV head) for the low-bit kernel over `pages` pages.
-
-    While batch * heads * splits blocks fit in one wave (`resident_per_sm` blocks per multiprocessor: 3 at
-    the kernel's 135 registers; `per_sm` if larger), the splits give `per_sm` blocks per multiprocessor, at
-    least 2 and at most one per page. On the H200, 2 per multiprocessor beat 4 and 8 at B1 32K and 128K and
-    B16 32K (docs/design.md, "Split heuristic").
-
-    Past one wave, the split count (at least 2) minimises waves x (pages per block + `block_overhead_pages`):
-    the time if each wave waits for its slowest block. At B25 32K, 2 splits launch 400 blocks, a wave of 396
-    and one of 4, and took 0.525 ms against 0.396 ms at 5 splits on the H200. With a 16-page overhead per
-    block the rule picks the fastest count measured there at B24, 25, 28, 64, 74 and 76 (2, 5, 5, 3, 2, 3);
-    its choices at B32 (3) and B40 (6) are as fast as or faster than 1, 2 and 3 splits. The model alone would
-    take 1 split at B48 (one wave of 384 blocks), which measured 3% slower than 2; at B64 and B72, 1 split is
-    7-10% slower than 2 (docs/design.md, "Split heuristic").
-    """
-    units = max(batch * heads, 1)
-    splits = max(1, min(pages, max(2, math.ceil(sms * per_sm / units))))
-    resident = sms * max(resident_per_sm, per_sm)
-    if units * splits <= resident:
-        return splits
-
-    def cost(s: int) -> int:
-        return math.ceil(units * s / resident) * (math.ceil(pages / s) + block_overhead_pages)
-
-    return min(range(min(2, pages), max(pages, 1) + 1), key=lambda s: (cost(s), s))

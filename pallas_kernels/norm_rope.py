@@ -3,7 +3,8 @@ q/k RMSNorm + rotary embedding.
 
 At batch 1 a decode step of a 36-layer model is ~25 kernels a layer, most of them tiny: XLA lowers each
 RMSNorm to a reduction and a separate normalising kernel, each residual add to its own kernel, and the q/k
-norms and RoPE to two kernels per tensor. Every one costs ~1.1-1.8 us on the H200 however little it computes.
+norms and RoPE to two kernels per tensor. Every one costs a launch however little it computes
+(docs/design.md, "Per-layer kernels").
 Here:
 
 * `add_rms_norm`: x + delta and RMSNorm(x + delta) * weight in one launch (one program per row; the row sum
@@ -58,7 +59,7 @@ def add_rms_norm(x: jax.Array, delta: jax.Array | None, weight: jax.Array, eps: 
 
     x, delta: [N, E] of one float dtype (the sum is rounded to it, as XLA's bf16 add); weight [E].
     Returns two [N, E] arrays of x.dtype. E must satisfy `fits`. num_warps: warps of each row's program (16:
-    fastest at E=4096 for N=1 and 25 on the H200, 1.27 / 1.44 us a call against 1.51 / 1.49 with 4).
+    the fastest measured at E=4096, N=1 and 25; docs/design.md, "Per-layer kernels").
     """
     n, e = x.shape
     if not fits(e):
@@ -129,7 +130,7 @@ def qk_norm_rope(q: jax.Array, k: jax.Array, cos: jax.Array, sin: jax.Array, q_w
     q: [B, Hq, D], k: [B, Hkv, D] (Hkv <= Hq) of one float dtype; cos, sin: float32 [B, D] (HF layout,
     halves repeated); q_weight, k_weight: [D] both or neither. Returns (q, k) rotated, in their dtype:
     `apply_rope(rms_norm(x, weight, eps), cos, sin)` per head (`models.layers`). D must satisfy `fits`.
-    num_warps: warps of each (sequence, head) program (1: fastest at D=128 on the H200, see add_rms_norm).
+    num_warps: warps of each (sequence, head) program (1: the fastest measured at D=128).
     """
     b, hq, d = q.shape
     if k.ndim != 3 or k.shape[0] != b or k.shape[2] != d or not 1 <= k.shape[1] <= hq or k.dtype != q.dtype:

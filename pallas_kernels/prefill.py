@@ -208,8 +208,8 @@ def hybrid_prefill(
     qk_format: str = "int8",
     uniform: bool = False,
     pv_fp8: bool = False,
-    num_warps: int = 4,
-    num_stages: int = 2,
+    num_warps: int,
+    num_stages: int,
     interpret: bool = False,
     out_dtype=jnp.bfloat16,
 ):

@@ -40,6 +40,9 @@ LOG2E = math.log2(math.e)
 M_INIT = -1e30
 BLOCK = 64  # query rows per compute warpgroup (the wgmma M); also the smallest key step
 HEAD_DIMS = (64, 128)
+COMPUTE_WGS = (1, 2)  # compute warpgroups per CTA
+BLOCK_KVS = (64, 128)  # keys per step
+MIN_STAGES = 2  # key steps in shared memory at once, at least
 KEY_COPIES = 2  # bulk copies per step behind a slot's key barrier: keys and key scales (dummy for bf16 steps)
 # int32 -> float32 as an integer add and a float subtract: the bits of 1.5 * 2**23 + x for |x| < 2**22 (INT8 dots
 # over D <= 128 stay below 128**3 = 2**21). The convert instruction runs at a quarter of the float rate.
@@ -313,9 +316,8 @@ def argument_shapes(batch: int, q_heads: int, kv_heads: int, tokens: int, vl_slo
 @functools.partial(jax.jit, static_argnames=("scale", "compute_wgs", "block_kv", "stages", "pingpong",
                                              "approx_math", "skip_masks", "magic_convert", "interpret"))
 def hybrid_prefill_mgpu(meta, q, qq, qrow, qbias, kq, ks, vq, vsc, kvl, vvl, k, v, *, scale: float,
-                        compute_wgs: int = 1, block_kv: int = BLOCK, stages: int = 2, pingpong: bool = False,
-                        approx_math: bool = False, skip_masks: bool = True, magic_convert: bool = False,
-                        interpret: bool = False):
+                        compute_wgs: int, block_kv: int, stages: int, pingpong: bool, approx_math: bool,
+                        skip_masks: bool, magic_convert: bool, interpret: bool = False):
     """Run the kernel on arguments prepared by `hyquant_jax.prefill_launch._prepare` (block_q 64,
     block_k = block_kv; INT8 Q.K, bf16 P.V; `vsc` is unused and accepted for the same argument order).
 
@@ -325,10 +327,9 @@ def hybrid_prefill_mgpu(meta, q, qq, qrow, qbias, kq, ks, vq, vsc, kvl, vvl, k, 
     block_kv, Kp a multiple of block_kv, D in {64, 128}. A CTA runs `compute_wgs` row blocks of 64 on one
     key stream that covers the segments of all its blocks, each block masking what is not its own
     (prefill_block any multiple of 64). `stages` key steps of `block_kv` keys are in SMEM at once. With two
-    compute warpgroups `pingpong` makes them alternate at the tensor cores (7-8% faster on the H200 with approx_math and
-    magic_convert: `prefill_launch.MOSAIC_PREFILL`). `approx_math`: approximate exp2 (Mosaic GPU's compiler
-    option). `skip_masks`: steps whose keys are all valid for every row skip the mask (False masks every
-    step, as before).
+    compute warpgroups `pingpong` makes them alternate at the tensor cores. `approx_math`: approximate exp2
+    (Mosaic GPU's compiler option). `skip_masks`: steps whose keys are all valid for every row skip the mask
+    (False masks every step). The launch the library takes: `hyquant_jax.prefill_launch.PrefillTuning`.
     `magic_convert`: the int32 Q.K dots become float32 by an integer add and a float subtract instead of a
     convert instruction (exact either way).
     Returns bf16 [B, Hq, Tp, D]; rows at positions >= length are 0.
@@ -342,9 +343,9 @@ def hybrid_prefill_mgpu(meta, q, qq, qrow, qbias, kq, ks, vq, vsc, kvl, vvl, k, 
         raise ValueError(f"scale must be > 0, got {scale}")
     if hq % hkv:
         raise ValueError(f"query heads ({hq}) must be a multiple of KV heads ({hkv})")
-    if compute_wgs not in (1, 2) or block_kv not in (64, 128) or stages < 2:
-        raise ValueError(f"need compute_wgs in (1, 2), block_kv in (64, 128), stages >= 2; got {compute_wgs}, "
-                         f"{block_kv}, {stages}")
+    if compute_wgs not in COMPUTE_WGS or block_kv not in BLOCK_KVS or stages < MIN_STAGES:
+        raise ValueError(f"need compute_wgs in {COMPUTE_WGS}, block_kv in {BLOCK_KVS}, stages >= {MIN_STAGES}; got "
+                         f"{compute_wgs}, {block_kv}, {stages}")
     if tp % (BLOCK * compute_wgs) or tp % block_kv or kvl.shape[2] % block_kv:
         raise ValueError(f"padded length {tp} must be a multiple of {BLOCK * compute_wgs} and {block_kv}, VL "
                          f"capacity {kvl.shape[2]} of {block_kv}")

@@ -94,10 +94,8 @@ def prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array,
     q [B, Hq, T, D]; k, v [B, Hkv, S, D] (Hkv divides Hq; S a multiple of block_k); q_pos int [T], positions
     past S - 1 see all S slots and negative ones none (output 0). P.V takes the probabilities in v.dtype.
     block_q: rows of a program (query heads x positions of one KV group; None: 128 for head_dim <= 128, else
-    64); block_k: key slots of a tile. At the Qwen3-8B shape over a 32K prompt's 2048-token chunks, 128 rows
-    (4 warps, 2 stages) took 0.020 s a layer on the H200 against 0.025 s with 64, the fastest of six, and
-    0.019 against 0.025 s on an H100 (benchmarks/results/chunked_prefill_attention_{h200,h100}.json), where
-    `test_gpu_kernel_matches_xla_and_oracle` passed with both.
+    64); block_k: key slots of a tile. 128 rows (4 warps, 2 stages) were the fastest at the Qwen3-8B shape
+    over 2048-token chunks on Hopper GPUs (docs/design.md, "Chunked prefill").
     Returns [B, Hq, T, D] in q.dtype.
     """
     if block_q is None:

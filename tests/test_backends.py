@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hyquant_jax import backends
+from hyquant_jax import backends, prefill_launch
 from hyquant_jax.config import HyQuantConfig
 
 
@@ -18,24 +18,37 @@ def test_backend_resolution():
 def test_auto_prefill_backend_takes_the_mosaic_kernel_only_where_it_applies():
     """"auto" prefill: the Mosaic kernel on a Hopper GPU when config and head_dim fit its setting, the Triton
     kernel on other GPUs or configs, the reference off GPU; explicit backends are kept."""
-
+    resolve = prefill_launch.resolve
     h200 = SimpleNamespace(platform="gpu", compute_capability="9.0")
     a100 = SimpleNamespace(platform="gpu", compute_capability="8.0")
     cpu = SimpleNamespace(platform="cpu")
     fits = HyQuantConfig(window=128, prefill_block=128)
-    assert backends.prefill_backend("auto", 128, fits, h200) == "mosaic"
-    assert backends.prefill_backend("auto", 64, fits, h200) == "mosaic"
-    assert backends.prefill_backend("auto", 256, fits, h200) == "triton"  # head_dim the kernel lacks
-    assert backends.prefill_backend("auto", 128, HyQuantConfig(window=128, prefill_block=64), h200) == "mosaic"
-    assert backends.prefill_backend("auto", 128, HyQuantConfig(window=128, prefill_block=32), h200) == "triton"
-    assert backends.prefill_backend("auto", 128, HyQuantConfig(window=128, prefill_block=128, prefill_qk="fp8"),
-                                     h200) == "triton"
-    assert backends.prefill_backend("auto", 128, fits, a100) == "triton"
-    assert backends.prefill_backend("auto", 128, fits, cpu) == "reference"
-    assert backends.prefill_backend("triton", 128, fits, h200) == "triton"
-    assert backends.prefill_backend("reference", 128, fits, h200) == "reference"
+    assert resolve("auto", 128, fits, h200) == "mosaic"
+    assert resolve("auto", 64, fits, h200) == "mosaic"
+    assert resolve("auto", 256, fits, h200) == "triton"  # head_dim the kernel lacks
+    assert resolve("auto", 128, HyQuantConfig(window=128, prefill_block=64), h200) == "mosaic"
+    assert resolve("auto", 128, HyQuantConfig(window=128, prefill_block=32), h200) == "triton"
+    assert resolve("auto", 128, HyQuantConfig(window=128, prefill_block=128, prefill_qk="fp8"), h200) == "triton"
+    assert resolve("auto", 128, fits, a100) == "triton"
+    assert resolve("auto", 128, fits, cpu) == "reference"
+    assert resolve("auto", 96, fits, a100) == "reference"  # no kernel takes head_dim 96
+    assert resolve("triton", 128, fits, h200) == "triton"
+    assert resolve("reference", 128, fits, h200) == "reference"
+    assert resolve("mosaic", 128, fits, cpu) == "mosaic"  # named: lowered for Hopper whatever the host
     with pytest.raises(ValueError, match="backend"):
-        backends.prefill_backend("cuda", 128, fits, h200)
+        resolve("cuda", 128, fits, h200)
+
+
+def test_first_supported_takes_the_order_given():
+    never = backends.Implementation("never", lambda device, *facts: "never runs")
+    gpu = backends.Implementation("gpu", lambda device, *facts: None if device.platform == "gpu" else "no GPU")
+    always = backends.Implementation("always", lambda device, *facts: None)
+    cpu = SimpleNamespace(platform="cpu")
+    assert not never.supported(cpu) and always.supported(cpu, 1, 2)
+    assert backends.first_supported((never, gpu, always), cpu) == "always"
+    assert backends.first_supported((never, gpu, always), SimpleNamespace(platform="gpu")) == "gpu"
+    with pytest.raises(ValueError, match="no implementation"):
+        backends.first_supported((never,), cpu)
 
 
 def test_is_hopper_and_multiprocessor_count():

@@ -5,6 +5,7 @@ kernel over a grid of batch sizes, head counts and head dims.
 """
 
 import itertools
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +14,7 @@ import pytest
 
 import hyquant_jax as hq
 from hyquant_jax.cache import accumulate_ring_scores, append, flush_full_rings, ring_valid
-from hyquant_jax.decode_launch import DecodeTuning
+from hyquant_jax.decode_launch import IMPLEMENTATIONS, DecodeTuning, mosaic_splits, plan, resolve
 from hyquant_jax.decode_launch import decode_attention as kernel_decode
 from hyquant_jax.reference import hybrid_decode_attention_reference
 
@@ -173,10 +174,17 @@ def test_split_heuristic_reads_the_multiprocessor_count(monkeypatch):
 
 
 def test_launch_defaults_and_overrides():
-    """4 warps / 3 stages unless the tuning sets them (the H200's best at B1 1K-128K and B16 32K)."""
-    assert DecodeTuning().launch() == (4, 3)
-    assert DecodeTuning(num_warps=2).launch() == (2, 3)
-    assert DecodeTuning(num_warps=8, num_stages=2).launch() == (8, 2)
+    """The plan's Triton launch: 4 warps / 3 stages unless the tuning sets them."""
+    config = hq.HyQuantConfig(**SMALL)
+    _, cache = _cache(jax.random.PRNGKey(5), 1, 2, 1, 64, [64], config)
+
+    def launch(tuning):
+        p = plan(cache, config, 2, tuning)
+        return p.num_warps, p.num_stages
+
+    assert launch(None) == launch(DecodeTuning()) == (4, 3)
+    assert launch(DecodeTuning(num_warps=2)) == (2, 3)
+    assert launch(DecodeTuning(num_warps=8, num_stages=2)) == (8, 2)
 
 
 def test_interpret_short_and_empty_sequences():
@@ -353,10 +361,8 @@ def test_unsupported_group_size_is_a_clear_error():
 
 
 def test_unknown_conversion_is_rejected():
-    config = hq.HyQuantConfig(**SMALL)
-    qd, cache = _cache(jax.random.PRNGKey(5), 1, 2, 1, 64, [64], config)
-    with pytest.raises(ValueError, match="DecodeTuning.convert"):
-        kernel_decode(qd, cache, config, interpret=True, tuning=DecodeTuning(convert="int"))
+    with pytest.raises(ValueError, match="DecodeTuning.convert must be one of"):
+        DecodeTuning(convert="int")
 
 
 # ----------------------------------------------------------------- GPU: the compiled kernel
@@ -424,3 +430,87 @@ def test_gpu_new_token(tuning):
     qd, cache = _cache(jax.random.PRNGKey(10), 3, 32, 8, 128, [4097, 999, 60], config, appends=64,
                        dtype=jnp.bfloat16)
     _check_new_token(qd, cache, config, False, jnp.asarray([True, True, False]), tuning=tuning)
+
+
+# ----------------------------------------------------------------- the op: tuning, plan, implementations
+
+H100 = SimpleNamespace(platform="gpu", compute_capability="9.0", core_count=132, device_kind="NVIDIA H100")
+A100 = SimpleNamespace(platform="gpu", compute_capability="8.0", core_count=108, device_kind="NVIDIA A100")
+CPU = SimpleNamespace(platform="cpu", device_kind="cpu")
+
+
+@pytest.mark.parametrize("field,value", [
+    ("n_low", 0), ("n_vl", -1), ("pages_per_tile", 1.5), ("num_stages", 0), ("sm_count", True),
+    ("mosaic_splits", 0), ("mosaic_blocks_per_sm", None), ("mosaic_stages", 0), ("num_warps", 3),
+    ("num_warps", 64), ("convert", "int"), ("low_bit", "cuda"),
+])
+def test_tuning_rejects_bad_fields_by_name(field, value):
+    with pytest.raises(ValueError, match=rf"DecodeTuning\.{field} must be"):
+        DecodeTuning(**{field: value})
+
+
+def test_tuning_accepts_every_documented_value():
+    for convert in ("asm", "magic", "cast"):
+        for low_bit in ("auto", "mosaic", "triton"):
+            DecodeTuning(convert=convert, low_bit=low_bit, n_low=1, n_vl=3, pages_per_tile=2, num_warps=8,
+                         num_stages=4, sm_count=66, mosaic_blocks_per_sm=1, mosaic_stages=3, mosaic_splits=5)
+    with pytest.raises(ValueError, match="tuning must be None or a"):
+        hq.decode_attention(*_cache(jax.random.PRNGKey(5), 1, 2, 1, 64, [64], hq.HyQuantConfig(**SMALL)),
+                            hq.HyQuantConfig(**SMALL), tuning={"n_low": 2})
+
+
+def _shapes(batch, q_heads, kv_heads, head_dim, capacity, config):
+    """A cache's array shapes only (`plan` reads no data)."""
+    return jax.eval_shape(lambda: hq.freeze(
+        jnp.zeros((batch, kv_heads, 256, head_dim), jnp.bfloat16),
+        jnp.zeros((batch, kv_heads, 256, head_dim), jnp.bfloat16), jnp.full((batch,), 256, jnp.int32),
+        jnp.zeros((batch, q_heads, config.window, head_dim), jnp.bfloat16), config, max_len=capacity))
+
+
+def test_plan_on_fake_devices():
+    """Which kernel scans the low-bit pages, the splits and the merge, for a B1 32K Qwen3-8B cache: the Mosaic
+    kernel on Hopper (its splits from the device's multiprocessors), the Triton kernel alone elsewhere and in
+    interpret mode; the merge kernel unless the Triton launch's splits are too many for it."""
+    config = hq.HyQuantConfig()
+    cache = _shapes(1, 32, 8, 128, 32768, config)
+    hopper = plan(cache, config, 32, device=H100)
+    assert hopper.low_bit == "mosaic" and hopper.layout.n_low == 0 and hopper.merge == "kernel"
+    assert hopper.mosaic_splits == mosaic_splits(1, 8, cache.page_count.shape[1], 132) and hopper.mosaic_stages == 2
+    for p in (plan(cache, config, 32, device=A100), plan(cache, config, 32, device=CPU),
+              plan(cache, config, 32, device=H100, interpret=True)):
+        assert p.low_bit == "triton" and p.mosaic_splits is None and p.mosaic_stages is None
+        assert p.layout.n_low >= 1 and p.merge == "kernel"
+    assert plan(cache, config, 32, device=H100, interpret=True).interpret
+    # the splits fill the device's multiprocessors: fewer on the A100 than on a CPU (planned as 132)
+    assert plan(cache, config, 32, device=A100).layout.n_low < plan(cache, config, 32, device=CPU).layout.n_low
+    # GQA groups of 16 at 512 low-bit splits: the splits' rows do not fit one merge program
+    many = plan(_shapes(1, 32, 2, 128, 32768, config), config, 32, DecodeTuning(n_low=512), device=A100)
+    assert many.low_bit == "triton" and many.merge == "xla"
+    assert plan(cache, hq.HyQuantConfig(scheme="token_sym"), 32, device=H100).low_bit == "triton"
+    with pytest.raises(NotImplementedError, match=r"head_dim \(64, 128, 256\)"):
+        plan(_shapes(1, 4, 2, 32, 4096, hq.HyQuantConfig()), hq.HyQuantConfig(), 4, device=H100)
+
+
+def test_implementations_say_where_they_run():
+    """Each implementation's `supported(device, cache, config, q_heads, interpret)`, and the backend "auto"
+    resolves to: the kernels where one runs, the reference elsewhere."""
+    config = hq.HyQuantConfig()
+    cache = _shapes(1, 32, 8, 128, 4096, config)
+    small_dims = _shapes(1, 4, 2, 32, 4096, config)  # head_dim 32: no Pallas decode kernel
+    mosaic, triton, reference = (IMPLEMENTATIONS[n] for n in ("mosaic", "triton", "reference"))
+    assert list(IMPLEMENTATIONS) == ["mosaic", "triton", "reference"]  # "auto"'s order
+    assert mosaic.supported(H100, cache, config, 32)
+    assert not mosaic.supported(A100, cache, config, 32) and not mosaic.supported(H100, cache, config, 32, True)
+    assert not mosaic.supported(H100, cache, hq.HyQuantConfig(scheme="token_asym"), 32)
+    assert triton.supported(A100, cache, config, 32) and triton.supported(CPU, cache, config, 32, True)
+    assert not triton.supported(CPU, cache, config, 32) and not triton.supported(H100, small_dims, config, 4)
+    assert "head_dim" in triton.unsupported(H100, small_dims, config, 4)
+    assert all(reference.supported(d, small_dims, config, 4) for d in (H100, A100, CPU))
+    assert resolve("auto", cache, config, 32, H100) == resolve("auto", cache, config, 32, A100) == "triton"
+    assert resolve("auto", cache, config, 32, CPU) == "reference"
+    assert resolve("auto", small_dims, config, 4, H100) == "reference"
+    assert resolve("mosaic", cache, config, 32, CPU) == "triton"  # decode's low-bit kernel is the plan's choice
+    assert [resolve(b, cache, config, 32, CPU) for b in ("reference", "triton", "interpret")] == [
+        "reference", "triton", "interpret"]
+    with pytest.raises(ValueError, match="backend must be one of"):
+        resolve("cuda", cache, config, 32, CPU)

@@ -11,6 +11,7 @@ against the reference, which takes this kernel for the default config on Hopper.
 
 import dataclasses
 import math
+from types import SimpleNamespace
 
 import jax
 import jax.extend.core
@@ -113,7 +114,7 @@ def test_prepared_query_layout_matches_kernel_query():
     rng = np.random.default_rng(3)
     group, scale = 5, 0.0883883
     q = np.asarray(jnp.asarray(rng.normal(size=(1, group, 128)), jnp.bfloat16).astype(jnp.float32))
-    want = np.asarray(dm.kernel_query(jnp.asarray(q), 1, scale), np.float32)[0, 0]
+    want = np.asarray(dm.kernel_query(decode_launch.query_groups(jnp.asarray(q), 1, scale)), np.float32)[0, 0]
     buf = np.zeros(16 * 128, np.float32)  # f16 elements of the [16, 128] tile buffer, in memory order
     for t in range(128):
         row, blk = t // 8, t % 8
@@ -171,7 +172,7 @@ def _emulated_low_bit_splits(*args, num_splits, stages, packed=False, query_scal
     """`low_bit_splits` as one split (the rest empty), from the float64 oracle: same inputs, same outputs."""
     del stages
     if query_scale is not None:  # the step's bf16 q, prepared as the kernel does it
-        args = (dm.kernel_query(args[0], args[1].shape[1], query_scale), *args[1:])
+        args = (dm.kernel_query(decode_launch.query_groups(args[0], args[1].shape[1], query_scale)), *args[1:])
 
     def host(q, *cache_arrays):
         qn = np.asarray(q, np.float64)[..., np.argsort(dm.KEY_CHANNELS)]
@@ -199,14 +200,16 @@ def test_glue_merges_mosaic_and_triton_splits(monkeypatch):
     assert decode_launch.mosaic_low_bit_fits(cache, config, 8)
     lay = decode_launch.decode_layout(cache, config, 8, low_bit_elsewhere=True)
     assert lay.n_low == 0 and lay.n_vl >= 1
-    out, lse = decode_launch._run(qd, cache, lay, 1.0 / math.sqrt(128), 2, 2, True, (3, 2))
+    p = decode_launch.DecodePlan(low_bit="mosaic", layout=lay, num_warps=2, num_stages=2, mosaic_splits=3,
+                                 mosaic_stages=2, merge="kernel", interpret=True)
+    out, lse = decode_launch._run(qd, cache, p, 1.0 / math.sqrt(128))
     ref, ref_lse = hybrid_decode_attention_reference(qd, cache, config)
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=2e-3, atol=2e-3)
     np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), atol=2e-3)  # bf16 q in the Triton splits
     # with the step's own token as one more key (merged by decode_merge's kernel): as over the appended cache
     k, v = jax.random.normal(jax.random.PRNGKey(12), (2, 3, 2, 128))
     active = jnp.asarray([True, True, False])
-    out, lse = decode_launch._run(qd, cache, lay, 1.0 / math.sqrt(128), 2, 2, True, (3, 2), (k, v, active))
+    out, lse = decode_launch._run(qd, cache, p, 1.0 / math.sqrt(128), (k, v, active))
     ref, ref_lse = hybrid_decode_attention_reference(qd, append(cache, k, v, config, active=active), config)
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=2e-3, atol=2e-3)
     np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), atol=2e-3)
@@ -214,29 +217,40 @@ def test_glue_merges_mosaic_and_triton_splits(monkeypatch):
     seen = []
     monkeypatch.setattr(dm, "low_bit_splits", lambda *a, **k: seen.append(k) or _emulated_low_bit_splits(*a, **k))
     qb = qd.astype(jnp.bfloat16)
-    out, lse = decode_launch._run(qb, cache, lay, 1.0 / math.sqrt(128), 2, 2, True, (3, 2))
+    out, lse = decode_launch._run(qb, cache, p, 1.0 / math.sqrt(128))
     ref, ref_lse = hybrid_decode_attention_reference(qb, cache, config)
     assert seen and seen[0]["query_scale"] == 1.0 / math.sqrt(128)
     np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), rtol=2e-2, atol=2e-2)
     np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), atol=2e-3)
 
 
+H100 = SimpleNamespace(platform="gpu", compute_capability="9.0", core_count=132, device_kind="NVIDIA H100")
+A100 = SimpleNamespace(platform="gpu", compute_capability="8.0", core_count=108, device_kind="NVIDIA A100")
+CPU = SimpleNamespace(platform="cpu", device_kind="cpu")
+
+
 def test_mosaic_choice():
+    """DecodeTuning.low_bit on fake devices: "auto" takes the Mosaic kernel on Hopper for large caches of the
+    config it covers, "mosaic" where it cannot run is an error, "triton" never takes it."""
     config = hq.HyQuantConfig()
     qd, cache = _cache(jax.random.PRNGKey(12), 1, 8, 2, 128, [200], config)
     tuning = decode_launch.DecodeTuning
-    assert not decode_launch.use_mosaic_low_bit(cache, config, 8, tuning(), interpret=True)
-    assert not decode_launch.use_mosaic_low_bit(cache, config, 8, tuning(low_bit="triton"), interpret=False)
-    # "auto" leaves small caches to the Triton kernel (1 x 2 heads x 4 pages here), takes Mosaic for large ones
-    assert not decode_launch.use_mosaic_low_bit(cache, config, 8, tuning(), interpret=False)
+
+    def low_bit(c, t, device=H100, interpret=False):
+        return decode_launch.plan(c, config, 8, t, device=device, interpret=interpret).low_bit
+
     large = dataclasses.replace(cache, page_count=jnp.zeros((1, decode_launch.MOSAIC_MIN_PAGES // 2), jnp.int32))
-    assert decode_launch.use_mosaic_low_bit(large, config, 8, tuning(), interpret=False) == on_hopper
-    with pytest.raises(ValueError, match="low_bit='mosaic' needs a Hopper GPU"):
-        decode_launch.use_mosaic_low_bit(cache, config, 8, tuning(low_bit="mosaic"), interpret=True)
-    with pytest.raises(ValueError, match="DecodeTuning.low_bit"):
-        decode_launch.use_mosaic_low_bit(cache, config, 8, tuning(low_bit="cuda"), interpret=False)
-    with pytest.raises(ValueError, match="DecodeTuning.mosaic_splits"):
-        decode_launch.use_mosaic_low_bit(cache, config, 8, tuning(mosaic_splits=0), interpret=False)
+    assert low_bit(large, tuning()) == "mosaic"
+    assert low_bit(large, tuning(), interpret=True) == "triton"
+    assert low_bit(large, tuning(), device=A100) == low_bit(large, tuning(), device=CPU) == "triton"
+    assert low_bit(large, tuning(low_bit="triton")) == "triton"
+    # "auto" leaves small caches to the Triton kernel (1 x 2 heads x 4 pages here); "mosaic" takes them
+    assert low_bit(cache, tuning()) == "triton"
+    assert low_bit(cache, tuning(low_bit="mosaic")) == "mosaic"
+    with pytest.raises(ValueError, match="low_bit='mosaic'.*needs a Hopper GPU"):
+        low_bit(cache, tuning(low_bit="mosaic"), interpret=True)
+    with pytest.raises(ValueError, match="low_bit='mosaic'.*needs a Hopper GPU"):
+        low_bit(cache, tuning(low_bit="mosaic"), device=A100)
     for other in (hq.HyQuantConfig(key_bits=2), hq.HyQuantConfig(scheme="token_asym"),
                   hq.HyQuantConfig(block_size=32, window=128)):
         assert not decode_launch.mosaic_low_bit_fits(cache, other, 8)
@@ -244,26 +258,24 @@ def test_mosaic_choice():
 
 
 def test_mosaic_splits_override(monkeypatch):
-    """DecodeTuning.mosaic_splits reaches the Mosaic launch (splits, stages) as given; without it default_splits
-    decides, over the multiprocessors `backends.multiprocessor_count()` reports unless sm_count is set."""
-    from hyquant_jax import backends
-
+    """DecodeTuning.mosaic_splits reaches the Mosaic launch (splits, stages) as given; without it mosaic_splits
+    decides, over the device's multiprocessors unless sm_count is set."""
     config = hq.HyQuantConfig()
     qd, cache = _cache(jax.random.PRNGKey(13), 2, 8, 2, 128, [300, 200], config)
-    launches = []
-    monkeypatch.setattr(decode_launch, "use_mosaic_low_bit", lambda *a, **k: True)
-    monkeypatch.setattr(decode_launch, "_run", lambda *a: launches.append(a[7]))  # mosaic_launch
-    tunings = (decode_launch.DecodeTuning(mosaic_splits=5, mosaic_stages=3), decode_launch.DecodeTuning())
-    for t in tunings:
-        decode_launch.decode_attention(qd, cache, config, interpret=True, tuning=t)
     pages = cache.page_count.shape[1]
-    splits = dm.default_splits(2, 2, pages)
-    assert launches == [(5, 3), (splits, 2)]
-    monkeypatch.setattr(backends, "multiprocessor_count", lambda device=None, default=132: 2)
-    for t in tunings + (decode_launch.DecodeTuning(sm_count=132),):
-        decode_launch.decode_attention(qd, cache, config, interpret=True, tuning=t)
-    few = dm.default_splits(2, 2, pages, sms=2)
-    assert few != splits and launches[2:] == [(5, 3), (few, 2), (splits, 2)]
+
+    def launch(tuning, device=H100):
+        p = decode_launch.plan(cache, config, 8, dataclasses.replace(tuning, low_bit="mosaic"), device=device)
+        return p.mosaic_splits, p.mosaic_stages
+
+    assert launch(decode_launch.DecodeTuning(mosaic_splits=5, mosaic_stages=3)) == (5, 3)
+    splits = decode_launch.mosaic_splits(2, 2, pages, 132)
+    assert launch(decode_launch.DecodeTuning()) == (splits, 2)
+    few_sms = SimpleNamespace(**{**vars(H100), "core_count": 2})
+    few = decode_launch.mosaic_splits(2, 2, pages, 2)
+    assert few != splits and launch(decode_launch.DecodeTuning(), few_sms) == (few, 2)
+    assert launch(decode_launch.DecodeTuning(mosaic_splits=5, mosaic_stages=3), few_sms) == (5, 3)
+    assert launch(decode_launch.DecodeTuning(sm_count=132), few_sms) == (splits, 2)
 
 
 def test_hybrid_attention_passes_its_decode_tuning(monkeypatch):
@@ -291,18 +303,19 @@ def test_hybrid_attention_passes_its_decode_tuning(monkeypatch):
         hq.decode_step(qd, k, v, cache, config, backend="interpret", tuning="fast")
 
 
-def test_default_splits():
+def test_mosaic_splits():
     """One wave: 2 blocks per multiprocessor (132 on the H200), at least 2 splits, never more splits than
     pages. Past one wave (396 resident blocks): the fastest split count of the H200 sweep."""
-    assert dm.default_splits(1, 8, 512) == 33  # B1 32K: 264 blocks
-    assert dm.default_splits(16, 8, 512) == 3  # B16 32K: 384 blocks
-    assert dm.default_splits(24, 8, 512) == 2  # 384 blocks, one wave
-    assert dm.default_splits(1, 8, 16) == 16 and dm.default_splits(4, 8, 1) == 1  # capped by the pages
-    assert dm.default_splits(1, 8, 2048, per_sm=4) == 66
+    splits = decode_launch.mosaic_splits
+    assert splits(1, 8, 512, 132) == 33  # B1 32K: 264 blocks
+    assert splits(16, 8, 512, 132) == 3  # B16 32K: 384 blocks
+    assert splits(24, 8, 512, 132) == 2  # 384 blocks, one wave
+    assert splits(1, 8, 16, 132) == 16 and splits(4, 8, 1, 132) == 1  # capped by the pages
+    assert splits(1, 8, 2048, 132, per_sm=4) == 66
     # the fastest count at each batch on the H200 (32K, 512 pages; docs/design.md, "Split heuristic")
-    assert [dm.default_splits(b, 8, 512) for b in (25, 28, 64, 74, 76)] == [5, 5, 3, 2, 3]
-    assert dm.default_splits(48, 8, 512) == 2  # at least 2 (1 was 3% slower at B48 32K)
-    assert dm.default_splits(200, 8, 1) == 1 and dm.default_splits(200, 8, 2) == 2
+    assert [splits(b, 8, 512, 132) for b in (25, 28, 64, 74, 76)] == [5, 5, 3, 2, 3]
+    assert splits(48, 8, 512, 132) == 2  # at least 2
+    assert splits(200, 8, 1, 132) == 1 and splits(200, 8, 2, 132) == 2
 
 
 SHARDED_LOWERING = """
@@ -388,7 +401,7 @@ def test_gpu_prepared_query_equals_kernel_query(group):
     scale = 1.0 / math.sqrt(128)
     rest = kernel_args(case)[1:]
     got = dm.low_bit_splits(qn, *rest, num_splits=3, query_scale=scale)
-    prepared = dm.kernel_query(qn, 3, scale)
+    prepared = dm.kernel_query(decode_launch.query_groups(qn, 3, scale))
     want = dm.low_bit_splits(prepared, *rest, num_splits=3)
     for a, b in zip(got, want):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)

@@ -25,6 +25,7 @@ import pytest
 from hyquant_jax import attention, reference, vti
 from hyquant_jax import prefill_launch as pk
 from hyquant_jax.config import HyQuantConfig, num_vl_tokens
+from hyquant_jax.prefill_launch import PrefillTuning
 
 TOL = 4e-3  # relative L2 error kernel vs reference (bf16 P.V rounding is ~1.5e-3)
 # fp8 e4m3 P.V: P and V each carry a relative rounding error of up to 2**-4 (rms ~3.6%), so the output error
@@ -123,8 +124,12 @@ def run_against_reference(attend, shape, lengths, config, vl_source, seed=0):
 
 
 def _run_case(shape, lengths, config, kwargs, vl_source, interpret, seed=0):
+    """kwargs: `PrefillTuning` fields and pv_format."""
+    kwargs = dict(kwargs)
+    pv_format = kwargs.pop("pv_format", "bf16")
+
     def attend(*args):
-        return pk.prefill_attention(*args, interpret=interpret, **kwargs)
+        return pk.prefill_attention(*args, interpret=interpret, pv_format=pv_format, tuning=PrefillTuning(**kwargs))
 
     return run_against_reference(attend, shape, lengths, config, vl_source, seed)
 
@@ -157,7 +162,8 @@ def _distinguish(interpret, shape=(2, 4, 2, 200, 64), lengths=(200, 137), block_
     lengths = jnp.asarray(lengths, jnp.int32)
     vl_idx, vl_count = vti_vl(q, k, lengths, config)
     ref = reference.hybrid_prefill_attention_reference(q, k, v, lengths, vl_idx, vl_count, config)
-    out = pk.prefill_attention(q, k, v, lengths, vl_idx, vl_count, config, interpret=interpret, block_k=block_k)
+    out = pk.prefill_attention(q, k, v, lengths, vl_idx, vl_count, config, interpret=interpret,
+                               tuning=PrefillTuning(block_k=block_k))
     err = rel_err(out, ref)
     for what, shadow in _segment_shadows(q, k, v, lengths, vl_idx, vl_count, config):
         gap = rel_err(shadow, ref)
@@ -173,7 +179,8 @@ def test_uniform_interpret_matches_reference(qk_format):
     q, k, v = make_inputs(2, 2, 4, 2, 112, 64)
     lengths = jnp.asarray([112, 61], jnp.int32)
     ref = reference.uniform_quantized_prefill_reference(q, k, v, lengths, qk_format)
-    out = pk.uniform_prefill_attention(q, k, v, lengths, qk_format, interpret=True, block_q=32, block_k=32)
+    out = pk.uniform_prefill_attention(q, k, v, lengths, qk_format, interpret=True,
+                                       tuning=PrefillTuning(block_q=32, block_k=32))
     check_output(out, ref, lengths, TOL)
 
 
@@ -209,7 +216,8 @@ def test_padding_garbage_never_leaks():
     vl_idx, vl_count = vti_vl(q, k, lengths, config)
     ref = reference.hybrid_prefill_attention_reference(q, k, v, lengths, vl_idx, vl_count, config)
     q, k, v = poison_padding(q, k, v, lengths)
-    out = pk.prefill_attention(q, k, v, lengths, vl_idx, vl_count, config, interpret=True, block_k=32)
+    out = pk.prefill_attention(q, k, v, lengths, vl_idx, vl_count, config, interpret=True,
+                               tuning=PrefillTuning(block_k=32))
     check_output(out, ref, lengths, TOL)
 
 
@@ -219,7 +227,8 @@ def test_argument_checks():
     config = _cfg(window=32, prefill_block=32, rho=0.1)
     vl_idx, vl_count = random_vl(0, 1, 1, 32, lengths, config)
     with pytest.raises(ValueError, match="block_q"):
-        pk.prefill_attention(q, k, v, lengths, vl_idx, vl_count, config, interpret=True, block_q=64)
+        pk.prefill_attention(q, k, v, lengths, vl_idx, vl_count, config, interpret=True,
+                             tuning=PrefillTuning(block_q=64))
     with pytest.raises(ValueError, match="pv_format"):
         pk.prefill_attention(q, k, v, lengths, vl_idx, vl_count, config, interpret=True, pv_format="int4")
     with pytest.raises(ValueError, match="head_dim"):
@@ -287,3 +296,54 @@ def test_attention_dispatch_gpu():
     out, vl = attention.prefill_attention(q, k, v, lengths, config, backend="triton")
     np.testing.assert_array_equal(np.asarray(vl[0]), np.asarray(vl_ref[0]))
     check_output(out, np.asarray(out_ref, np.float32), lengths, TOL)
+
+
+# --------------------------------------------------------------------------- the op: tuning, implementations
+
+@pytest.mark.parametrize("field,value", [
+    ("block_q", 24), ("block_k", 8), ("num_warps", 3), ("num_stages", 0), ("compute_wgs", 3), ("block_kv", 32),
+    ("stages", 1), ("pingpong", 1), ("approx_math", None), ("skip_masks", "yes"), ("magic_convert", 0),
+])
+def test_tuning_rejects_bad_fields_by_name(field, value):
+    with pytest.raises(ValueError, match=rf"PrefillTuning\.{field} must be"):
+        PrefillTuning(**{field: value})
+
+
+def test_tuning_defaults_and_triton_launch():
+    """One set of defaults: the Triton launch from `default_blocks` where the tuning leaves it open, the Mosaic
+    launch as measured fastest; a wrong type is an error naming the argument."""
+    config = _cfg(window=128, prefill_block=128)
+    assert pk.triton_launch(128, config, PrefillTuning()) == pk.default_blocks(128, 128) == (128, 64, 8, 2)
+    assert pk.triton_launch(256, config, PrefillTuning()) == pk.default_blocks(256, 128) == (64, 32, 8, 2)
+    assert pk.triton_launch(128, config, PrefillTuning(block_q=64)) == (64, 64, 4, 2)  # warps for that block_q
+    assert pk.triton_launch(128, config, PrefillTuning(block_k=32, num_warps=2, num_stages=3)) == (128, 32, 2, 3)
+    with pytest.raises(ValueError, match="must divide config.prefill_block"):
+        pk.triton_launch(128, config, PrefillTuning(block_q=256))
+    assert PrefillTuning().mosaic() == dict(compute_wgs=2, block_kv=128, stages=2, pingpong=True, approx_math=True,
+                                            skip_masks=True, magic_convert=True)
+    q, k, v = make_inputs(0, 1, 2, 1, 32, 64)
+    lengths = jnp.asarray([32], jnp.int32)
+    vl_idx, vl_count = random_vl(0, 1, 1, 32, lengths, config)
+    with pytest.raises(ValueError, match="tuning must be None or a hyquant_jax.prefill_launch.PrefillTuning"):
+        pk.prefill_attention(q, k, v, lengths, vl_idx, vl_count, config, interpret=True, tuning={"block_q": 64})
+
+
+def test_implementations_say_where_they_run():
+    """Each implementation's `supported(device, head_dim, config, interpret)` on fake devices."""
+    from types import SimpleNamespace
+
+    h100 = SimpleNamespace(platform="gpu", compute_capability="9.0", device_kind="NVIDIA H100")
+    a100 = SimpleNamespace(platform="gpu", compute_capability="8.0", device_kind="NVIDIA A100")
+    cpu = SimpleNamespace(platform="cpu", device_kind="cpu")
+    config = _cfg(window=128, prefill_block=64)
+    mosaic, triton, reference_ = (pk.IMPLEMENTATIONS[n] for n in ("mosaic", "triton", "reference"))
+    assert list(pk.IMPLEMENTATIONS) == ["mosaic", "triton", "reference"]  # "auto"'s order
+    assert mosaic.supported(h100, 128, config) and mosaic.supported(h100, 64, config)
+    assert mosaic.supported(cpu, 128, config, True)  # GPU interpret mode simulates it
+    assert not mosaic.supported(a100, 128, config) and not mosaic.supported(cpu, 128, config)
+    assert not mosaic.supported(h100, 256, config)
+    assert "prefill_qk 'int8'" in mosaic.unsupported(h100, 128, dataclasses.replace(config, prefill_qk="fp8"))
+    assert "multiple of 64" in mosaic.unsupported(h100, 128, _cfg(window=128, prefill_block=32))
+    assert triton.supported(a100, 256, config) and triton.supported(cpu, 64, config, True)
+    assert not triton.supported(cpu, 64, config) and not triton.supported(a100, 96, config)
+    assert all(reference_.supported(d, 96, config) for d in (h100, a100, cpu))

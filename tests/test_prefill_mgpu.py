@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from hyquant_jax.prefill_launch import MOSAIC_PREFILL
+from hyquant_jax.prefill_launch import PrefillTuning
 from pallas_kernels.prefill_mgpu import argument_shapes, hybrid_prefill_mgpu
-from tests.helpers.mgpu_interpret_cases import _cfg, _run
+from tests.helpers.mgpu_interpret_cases import ONE_WG, _cfg, _run
 from tests.test_prefill import TOL, check_output
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,7 +45,7 @@ def test_interpret_cases_in_own_process():
 def test_lowers_for_cuda(d, kernel):
     """Qwen3-8B heads at 4K tokens (64 query blocks, 205 VL slots), lowered on CPU for the H200."""
     args = argument_shapes(1, 32, 8, 4096, 256, d)
-    fn = jax.jit(lambda *a: hybrid_prefill_mgpu(*a, scale=d ** -0.5, **kernel))
+    fn = jax.jit(lambda *a: hybrid_prefill_mgpu(*a, scale=d ** -0.5, **{**ONE_WG.mosaic(), **kernel}))
     assert "mosaic_gpu" in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
@@ -53,10 +53,9 @@ SHARDED_LOWERING = """
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 from hyquant_jax import prefill_launch as pk
-from hyquant_jax.prefill_launch import MOSAIC_PREFILL
 from hyquant_jax.config import HyQuantConfig
 mesh = Mesh(np.array(jax.devices()[:2]), ("model",))
-attend = lambda *a: pk.prefill_attention_mgpu(*a, HyQuantConfig(), **MOSAIC_PREFILL)
+attend = lambda *a: pk.prefill_attention_mgpu(*a, HyQuantConfig())
 heads = P(None, "model")
 fn = jax.shard_map(attend, mesh=mesh, in_specs=(heads, heads, heads, P(), heads, P()), out_specs=heads,
                    check_vma=False)
@@ -80,6 +79,7 @@ def test_lowers_for_cuda_under_shard_map():
 
 
 TWO_WGS = dict(compute_wgs=2, block_kv=128)  # with pingpong given per case
+DEFAULT = PrefillTuning().mosaic()  # the library's setting (the cases' settings are changes to ONE_WG)
 GPU_CASES = [
     ("qwen3_heads_ragged", (2, 32, 8, 1000, 128), [1000, 613], _cfg(window=128, rho=0.05), "vti", {}),
     ("qwen3_heads_4k", (1, 32, 8, 4096, 128), [4096], _cfg(window=128, rho=0.05), "vti", {}),
@@ -106,16 +106,16 @@ GPU_CASES = [
     ("two_wgs_magic_approx", (1, 32, 8, 4096, 128), [4096], _cfg(window=128, prefill_block=128, rho=0.05),
      "vti", dict(magic_convert=True, approx_math=True, **TWO_WGS)),
     ("backend_mosaic_setting_ragged", (3, 32, 8, 2100, 128), [2100, 1337, 129],
-     _cfg(window=256, prefill_block=128, rho=0.05), "vti", MOSAIC_PREFILL),
+     _cfg(window=256, prefill_block=128, rho=0.05), "vti", DEFAULT),
     ("mosaic_setting_block64_ragged", (3, 32, 8, 2100, 128), [2100, 1337, 129],
-     _cfg(window=128, prefill_block=64, rho=0.05), "vti", MOSAIC_PREFILL),
+     _cfg(window=128, prefill_block=64, rho=0.05), "vti", DEFAULT),
     ("two_wgs_block64_kv64_d64", (2, 9, 3, 777, 64), [777, 300], _cfg(window=128, prefill_block=64, rho=0.1),
      "random", dict(compute_wgs=2, block_kv=64, stages=3, pingpong=True)),
     # The kernel accumulates P.V in the tensor cores over every key step of a row block (128 steps here). The
     # decode kernel lost ~3e-5 relative per step that way on the H200 (and now adds each page's P.V in
     # registers): a long prompt.
     ("mosaic_setting_16k", (1, 2, 1, 16384, 128), [16384], _cfg(window=128, prefill_block=128, rho=0.05), "vti",
-     MOSAIC_PREFILL),
+     DEFAULT),
 ]
 
 
@@ -130,13 +130,13 @@ def test_gpu_matches_reference(name, shape, lengths, config, vl_source, kernel):
 def test_gpu_auto_backend_is_the_mosaic_kernel_on_hopper():
     """On the H200, "auto" prefill with a config the Mosaic setting fits runs that kernel: the same output, bit
     for bit, as backend="mosaic" (and the VL set of the same VTI)."""
-    from hyquant_jax import attention, backends
+    from hyquant_jax import attention, backends, prefill_launch
 
     device = jax.devices()[0]
     if not backends.is_hopper(device):
         pytest.skip(f"not a Hopper GPU: {device.device_kind}")
     config = _cfg(window=128, prefill_block=64, rho=0.05)
-    assert backends.prefill_backend("auto", 128, config) == "mosaic"
+    assert prefill_launch.resolve("auto", 128, config) == "mosaic"
     keys = jax.random.split(jax.random.PRNGKey(7), 3)
     q = jax.random.normal(keys[0], (2, 8, 700, 128), jnp.bfloat16)
     k = jax.random.normal(keys[1], (2, 2, 700, 128), jnp.bfloat16)

@@ -21,6 +21,7 @@ import pytest
 from hyquant_jax import prefill_launch as pk
 from hyquant_jax import reference
 from hyquant_jax.config import HyQuantConfig
+from hyquant_jax.prefill_launch import PrefillTuning
 from pallas_kernels.prefill_mgpu import int32_to_float_magic
 from tests.test_prefill import (
     TOL,
@@ -40,9 +41,14 @@ def _cfg(**kw):
     return HyQuantConfig(**kw)
 
 
+# The cases' kernel settings are changes to one compute warpgroup on 64-key steps without the speed options
+# (ONE_WG); `PrefillTuning()` is the library's setting.
+ONE_WG = PrefillTuning(compute_wgs=1, block_kv=64, pingpong=False, approx_math=False, magic_convert=False)
+
+
 def _run(shape, lengths, config, vl_source, interpret, seed=0, **kernel):
     def attend(*args):
-        return pk.prefill_attention_mgpu(*args, interpret=interpret, **kernel)
+        return pk.prefill_attention_mgpu(*args, interpret=interpret, tuning=dataclasses.replace(ONE_WG, **kernel))
 
     return run_against_reference(attend, shape, lengths, config, vl_source, seed)
 
@@ -113,7 +119,7 @@ def test_padding_garbage_never_leaks():
     vl_idx, vl_count = vti_vl(q, k, lengths, config)
     ref = reference.hybrid_prefill_attention_reference(q, k, v, lengths, vl_idx, vl_count, config)
     q, k, v = poison_padding(q, k, v, lengths)
-    out = pk.prefill_attention_mgpu(q, k, v, lengths, vl_idx, vl_count, config, interpret=True)
+    out = pk.prefill_attention_mgpu(q, k, v, lengths, vl_idx, vl_count, config, interpret=True, tuning=ONE_WG)
     check_output(out, ref, lengths, TOL)
 
 
@@ -127,13 +133,14 @@ def test_unsupported_config_is_a_clear_error(config, d, kernel, match):
     lengths = jnp.asarray([64], jnp.int32)
     vl_idx, vl_count = random_vl(0, 1, 1, 64, lengths, config)
     with pytest.raises(ValueError, match=match):
-        pk.prefill_attention_mgpu(q, k, v, lengths, vl_idx, vl_count, config, interpret=True, **kernel)
+        pk.prefill_attention_mgpu(q, k, v, lengths, vl_idx, vl_count, config, interpret=True,
+                                  tuning=dataclasses.replace(ONE_WG, **kernel))
 
 
 @pytest.mark.parametrize("prefill_block", [128, 256])
 def test_mosaic_backend_dispatch(monkeypatch, prefill_block):
-    """backend="mosaic" runs prefill through prefill_attention_mgpu in the timed setting and passes VTI's VL
-    set through (checked without a GPU by a stand-in kernel)."""
+    """backend="mosaic" runs prefill through prefill_attention_mgpu in its default setting (the measured one)
+    and passes VTI's VL set through (checked without a GPU by a stand-in kernel)."""
     from hyquant_jax import attention
 
     calls = []
@@ -148,7 +155,9 @@ def test_mosaic_backend_dispatch(monkeypatch, prefill_block):
     lengths = jnp.asarray([600], jnp.int32)
     out, (vl_idx, vl_count) = attention.prefill_attention(q, k, v, lengths, config, backend="mosaic")
     (got_idx, got_count, kw), = calls
-    assert kw == dict(scale=None, compute_wgs=2, block_kv=128, pingpong=True, approx_math=True, magic_convert=True)
+    assert kw == dict(scale=None)
+    assert PrefillTuning().mosaic() == dict(compute_wgs=2, block_kv=128, stages=2, pingpong=True, approx_math=True,
+                                            skip_masks=True, magic_convert=True)
     np.testing.assert_array_equal(np.asarray(got_idx), np.asarray(vl_idx))
     np.testing.assert_array_equal(np.asarray(got_count), np.asarray(vl_count))
     assert out.shape == q.shape
