@@ -34,6 +34,7 @@ from hyquant_jax.config import HyQuantConfig, as_lengths, check_config, num_vl_t
 from hyquant_jax.reorder import stable_partition
 from hyquant_jax.vti import vertical_token_identification
 from models.attention import BATCH, KV_HEADS, logical_axes
+from pallas_kernels import cache_write
 
 SLOT_ALIGN = 256  # low-bit slots are padded to a multiple of this (kernel tiling)
 VL_ALIGN = 64  # VL capacity is padded to a multiple of this (kernel tile)
@@ -544,10 +545,8 @@ def _ring_writer(backend: str, cache: HybridKVCache) -> str:
     """How `append` writes the ring rows: "kernel", "interpret" or "jnp"."""
     if backend not in BACKENDS:
         raise ValueError(f"append: backend must be one of {BACKENDS}, got {backend!r}")
-    from pallas_kernels.cache_write import fits
-
     backend = resolve_backend(backend)
-    if backend == "reference" or not fits((cache.ring_k,)):
+    if backend == "reference" or not cache_write.fits((cache.ring_k,)):
         return "jnp"
     return "interpret" if backend == "interpret" else "kernel"
 
@@ -590,9 +589,7 @@ def _append(cache: HybridKVCache, k, v, active, config: HyQuantConfig, flush: bo
     if flush:  # most steps flush nothing: skip the block quantization and its ~40 small kernels then
         (cache,) = flush_full_rings((cache,), config, active)
     if ring_writer != "jnp":  # one launch writes the rows and advances the counters (see append_rows)
-        from pallas_kernels.cache_write import append_rows
-
-        ring_k, ring_v, ring_score, ring_len, length = append_rows(
+        ring_k, ring_v, ring_score, ring_len, length = cache_write.append_rows(
             (cache.ring_k, cache.ring_v, cache.ring_score), (k, v, jnp.zeros(k.shape[:2], jnp.float32)),
             cache.ring_start, cache.ring_len, active, (cache.length,), interpret=ring_writer == "interpret")
         return dataclasses.replace(cache, ring_k=ring_k, ring_v=ring_v, ring_score=ring_score, ring_len=ring_len,
