@@ -52,10 +52,10 @@ want=$( (echo "$reqs"; echo "$model"; cat scripts/newest_jax.sh) | sha256sum | c
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   rm -rf "$venv"
   "$py" -m venv "$venv"
+  echo "$reqs" > "$venv/requirements.txt"
   pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
-  # shellcheck disable=SC2086  # one requirement a word
-  "${pip[@]}" $reqs 2>&1 | grep -v '^WARNING: Location' || true
-  "${pip[@]}" --no-deps -e . "$model" 2>&1 | grep -v '^WARNING: Location' || true
+  "${pip[@]}" -r "$venv/requirements.txt"
+  "${pip[@]}" --no-deps -e . "$model"
   "$venv/bin/python" -c "import jax, sys; sys.exit(jax.__version__ != '$version')" \
     || { echo "newest-jax: jax $version did not install" >&2; exit 1; }
   echo "$want" > "$stamp"
