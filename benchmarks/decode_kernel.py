@@ -39,9 +39,14 @@ from hyquant_jax.decode_launch import DecodeTuning, decode_layout, plan  # noqa:
 from hyquant_jax.decode_launch import decode_attention as kernel_decode  # noqa: E402
 from hyquant_jax.reference import hybrid_decode_attention_reference  # noqa: E402
 
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", DeprecationWarning)
-    from jax.experimental.pallas.ops.gpu import decode_attention as pallas_decode  # noqa: E402
+# JAX's own Pallas Triton decode kernel, the `pallas` baseline: deprecated in jax 0.11.1, removed in 0.12.1, where
+# the baseline reports an error and the other methods run.
+try:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from jax.experimental.pallas.ops.gpu import decode_attention as pallas_decode  # noqa: E402
+except ImportError:
+    pallas_decode = None
 
 CASES = [  # (name, batch, q_heads, kv_heads, head_dim, context)
     ("qwen3-8b B1 1K", 1, 32, 8, 128, 1024),
@@ -97,6 +102,8 @@ def xla_attention(q, k, v):
 
 
 def pallas_attention(q, k, v, k_splits=16):
+    if pallas_decode is None:
+        raise NotImplementedError(f"jax {jax.__version__} has no jax.experimental.pallas.ops.gpu.decode_attention")
     return pallas_decode.gqa(q, k, v, k_splits=k_splits)
 
 

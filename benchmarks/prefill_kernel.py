@@ -78,9 +78,14 @@ from hyquant_jax.config import HyQuantConfig  # noqa: E402
 from hyquant_jax.prefill_launch import PrefillTuning  # noqa: E402
 from pallas_kernels import prefill_mgpu as mgpu  # noqa: E402
 
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", DeprecationWarning)
-    from jax.experimental.pallas.ops.gpu import attention as pallas_attention  # noqa: E402
+# JAX's own Pallas Triton attention, the `pallas_mha_bf16` baseline: deprecated in jax 0.11.1, removed in 0.12.1,
+# where the baseline reports an error and the other methods run.
+try:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from jax.experimental.pallas.ops.gpu import attention as pallas_attention  # noqa: E402
+except ImportError:
+    pallas_attention = None
 
 TRACE_TOP = 20  # kernels listed per traced method
 # prefill_block 128 so that kernel block_q 64 and 128 have the same semantics (sweep).
@@ -262,6 +267,8 @@ def mha_fn(tuning, interpret, scale):
     bq, bk, nw, ns = tuning
 
     def fn(q_btnd, k_rep, v_rep):
+        if pallas_attention is None:
+            raise NotImplementedError(f"jax {jax.__version__} has no jax.experimental.pallas.ops.gpu.attention")
         return pallas_attention.mha(q_btnd, k_rep, v_rep, None, sm_scale=scale, causal=True,
                                     block_sizes=pallas_attention.BlockSizes(block_q=bq, block_k=bk),
                                     num_warps=nw, num_stages=ns, interpret=interpret)

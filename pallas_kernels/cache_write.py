@@ -40,13 +40,15 @@ def _append_kernel(start_ref, write_ref, *refs, count: int, counters: int, heads
     b = pl.program_id(0)
     step = write_ref[b]
     slot = (start_ref[b] + counts_in[0][b]) % size
-    block = pl.next_power_of_2(heads)  # Triton block shapes are powers of two; the extra heads are masked
-    head_ok = (jnp.arange(block) < heads)[:, None]
+    # Triton block shapes are powers of two, so the heads axis is padded to one and the extra heads are masked.
+    # Both axes are indexed with index arrays: a slice past the heads axis is out of bounds, which jax >= 0.12
+    # refuses, and Pallas' interpret mode takes index arrays only when no axis is a slice.
+    h = jnp.arange(pl.next_power_of_2(heads))[:, None]  # [block, 1]
     for x_ref, buf_ref in zip(rows, bufs):
-        x = plgpu.load(x_ref.at[b, pl.ds(0, block), :], mask=head_ok)  # [heads, X]; masked rows are never stored
-        mask = jnp.broadcast_to((head_ok & (step != 0))[:, None, :], (block, 1, x.shape[1]))
-        plgpu.store(buf_ref.at[b, pl.ds(0, block), pl.ds(slot, 1), :], x[:, None, :].astype(buf_ref.dtype),
-                    mask=mask)
+        c = jnp.arange(x_ref.shape[-1])[None, :]  # [1, X]
+        head_ok = jnp.broadcast_to(h < heads, (h.shape[0], c.shape[1]))
+        x = plgpu.load(x_ref.at[b, h, c], mask=head_ok)  # [block, X]; masked rows are never read or stored
+        plgpu.store(buf_ref.at[b, h, slot, c], x.astype(buf_ref.dtype), mask=head_ok & (step != 0))
     for c_in, c_out in zip(counts_in, counts_out):
         c_out[pl.ds(b, 1)] = c_in[pl.ds(b, 1)] + step
 

@@ -173,21 +173,20 @@ def test_argument_errors_name_the_argument():
 
 
 @pytest.mark.parametrize("nm", [33, 0])
-def test_merge_kernel_lowers_for_hopper(nm):
+def test_merge_kernel_lowers_for_hopper(nm, monkeypatch):
     """The kernel (index-array loads, the Mosaic set's channel gather; the Triton set alone) lowers to Triton IR
     for sm_90 without a GPU (compute capability given to Pallas by hand); compiling it to PTX and running it
     needs the GPU test."""
-    from jax._src.pallas.triton import gpu_info, pallas_call_registration
+    from jax._src.pallas.triton import pallas_call_registration
+    from jax.experimental.pallas import triton as plgpu
 
+    # The lowering asks its module's `gpu_info_lib` for the device (jax._src.pallas.triton.gpu_info up to jax 0.11,
+    # jax._src.gpu_info from 0.12); the H200's description comes from the public API of both.
+    h200 = plgpu.get_gpu_info_from_version(plgpu.GpuVersion.H200)
+    monkeypatch.setattr(pallas_call_registration.gpu_info_lib, "get_gpu_info", lambda: h200)
     args = [None if x is None else jnp.asarray(x) for x in _splits(3, 1, 8, 5, 16, nm, 4, garbage=False)]
-    original = pallas_call_registration.gpu_info_lib.get_gpu_info
-    pallas_call_registration.gpu_info_lib.get_gpu_info = (
-        lambda: gpu_info.get_gpu_info_from_version(gpu_info.GpuVersion.H200))
-    try:
-        fn = jax.jit(lambda *a: dmg.merge_hybrid_splits(*a, group=4, out_dtype=jnp.bfloat16))
-        assert "hyquant_merge_splits" in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    finally:
-        pallas_call_registration.gpu_info_lib.get_gpu_info = original
+    fn = jax.jit(lambda *a: dmg.merge_hybrid_splits(*a, group=4, out_dtype=jnp.bfloat16))
+    assert "hyquant_merge_splits" in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
 @pytest.mark.gpu
