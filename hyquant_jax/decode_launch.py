@@ -68,8 +68,8 @@ class DecodeTuning:
       off-GPU, so that plans made on a CPU match a Hopper GPU's);
     low_bit: which kernel scans the low-bit pages: "mosaic" (`pallas_kernels.decode_mgpu`; needs a Hopper
       GPU and a config `mosaic_low_bit_fits`), "triton" (the Triton kernel, with the other regions) or
-      "auto" (mosaic where it runs and the cache holds at least MOSAIC_MIN_PAGES pages over all sequences
-      and KV heads, else triton);
+      "auto" (mosaic where it runs and the cache has room for at least MOSAIC_MIN_PAGES pages over all
+      sequences and KV heads, else triton);
     mosaic_blocks_per_sm, mosaic_stages: the Mosaic kernel's blocks per multiprocessor (`mosaic_splits`) and
       pages in flight per block; mosaic_splits: that split count itself (overrides mosaic_blocks_per_sm).
     """

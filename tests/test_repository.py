@@ -216,3 +216,113 @@ def test_no_module_imports_a_private_name_of_another():
                     if private and not own:
                         found.append(f"{path.relative_to(ROOT)}: from {node.module} import {', '.join(private)}")
     assert not found, "\n".join(found)
+
+
+# Names cited in docs/architecture.md: `pkg.module.name`, `module.name` (a module of the tree by its own name;
+# `hq` is hyquant_jax), `Class.member` after a module, file paths and `file.py`. Resolved by reading the files,
+# without importing them: a name is defined in its module (def, class, an assignment, an annotated field) or
+# imported into it (a package's re-export).
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+ALIASES = {"hq": "hyquant_jax"}
+DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
+FILE = re.compile(r"[\w.<>*/-]+")
+FILE_SUFFIXES = (".py", ".sh", ".md", ".toml", ".json")
+
+
+def _module_file(parts: list[str], root: Path) -> Path | None:
+    path = root.joinpath(*parts)
+    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _defines(path: Path, name: str, member: bool = False) -> bool:
+    """Whether `name` is defined in (or, at module level, imported into) the file `path`."""
+    text = path.read_text()
+    n = re.escape(name)
+    if re.search(rf"^\s*(?:async\s+)?(?:def|class)\s+{n}\b|^\s*{n}\s*(?::[^=\n]*)?=|^\s*{n}\s*:", text, re.M):
+        return True
+    if member:
+        return False
+    imports = re.findall(r"^(?:from\s+\S+\s+)?import\s+(\([^)]*\)|.*)$", text, re.M)
+    return any(re.search(rf"\b{n}\b", names) for names in imports)
+
+
+def _module_names(root: Path) -> dict[str, list[list[str]]]:
+    """{a module's own name: its dotted paths} for the project's packages (hyquant_jax.cli -> "cli")."""
+    names: dict[str, list[list[str]]] = {}
+    for pkg in PACKAGES + ("benchmarks",):
+        for path in (root / pkg).rglob("*.py"):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            parts = parts[:-1] if parts[-1] == "__init__" else parts
+            names.setdefault(parts[-1], []).append(parts)
+    return names
+
+
+def resolve_name(ref: str, root: Path = ROOT, modules: dict | None = None) -> bool | None:
+    """True when `ref` (a.b.c) names a module of the tree or something defined in one, False when it starts with
+    a module of the tree but names nothing there, None when it does not start with one (e.g. `jax.jit`)."""
+    modules = _module_names(root) if modules is None else modules
+    parts = ref.split(".")
+    parts[0] = ALIASES.get(parts[0], parts[0])
+    starts = ([parts] if parts[0] in PACKAGES + ("benchmarks",) else []) + [
+        full + parts[1:] for full in modules.get(parts[0], [])]
+    if not starts:
+        return None
+    for candidate in starts:
+        for i in range(len(candidate), 0, -1):
+            path = _module_file(candidate[:i], root)
+            if path is not None:
+                rest = candidate[i:]
+                if not rest or (_defines(path, rest[0]) and all(_defines(path, m, member=True) for m in rest[1:])):
+                    return True
+                break
+    return False
+
+
+def cited_names(text: str) -> tuple[set[str], set[str]]:
+    """(dotted names, file paths) in the backticked spans of `text`; a call's arguments are left off."""
+    names, files = set(), set()
+    for span in re.findall(r"`([^`\n]+)`", text):
+        span = span.split("(")[0].strip()
+        if FILE.fullmatch(span) and ("/" in span or span.endswith(FILE_SUFFIXES)):
+            files.add(span)
+        elif DOTTED.fullmatch(span):
+            names.add(span)
+    return names, files
+
+
+def missing_file(path: str, root: Path = ROOT) -> bool:
+    """Whether `path` (a tree path, a folder with a trailing /, or a bare file name such as decode.py) is absent;
+    a name with `<...>` is a template and counts as present."""
+    if "<" in path:
+        return False
+    if "/" not in path.rstrip("/"):
+        return not any(p.is_file() or p.is_dir() for p in root.rglob(path.rstrip("/")) if ".venv" not in p.parts)
+    return not any(root.glob(path.rstrip("/")))
+
+
+def test_the_architecture_name_checks_catch_what_they_should():
+    assert cited_names("`hq.load` `decode_launch.plan(...)` `jax.jit` `a b` `cache.py` `models/` "
+                       "`tests/test_<file>.py`") == (
+        {"hq.load", "decode_launch.plan", "jax.jit"}, {"cache.py", "models/", "tests/test_<file>.py"})
+    for good in ("hq.load", "hyquant_jax.cache.HybridKVCache.ring_len", "decode_launch.DecodeTuning.low_bit",
+                 "models.prefix_attention", "sharding.STATE_RULES", "cli.options.CONFIG_OPTIONS",
+                 "attention.decode_step"):
+        assert resolve_name(good) is True, good
+    for bad in ("decode_launch.default_splits", "hq.no_such_name", "cache.HybridKVCache.no_such_field"):
+        assert resolve_name(bad) is False, bad
+    assert resolve_name("jax.jit") is None
+    assert not missing_file("decode_launch.py") and not missing_file("hyquant_jax/cli/")
+    assert missing_file("no_such_module.py") and missing_file("docs/no_such_file.md")
+
+
+def test_architecture_names_exist():
+    """Every module, function, class, constant and file that docs/architecture.md cites is in the tree."""
+    names, files = cited_names(ARCHITECTURE.read_text())
+    modules = _module_names(ROOT)
+    checked = {n: resolve_name(n, ROOT, modules) for n in names}
+    assert sum(r is True for r in checked.values()) >= 50, "too few project names found: is the pattern right?"
+    missing = sorted(n for n, r in checked.items() if r is False) + sorted(f for f in files if missing_file(f))
+    assert not missing, "docs/architecture.md cites names the tree lacks:\n" + "\n".join(missing)
