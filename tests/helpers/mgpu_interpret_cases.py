@@ -24,6 +24,7 @@ from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.prefill_launch import PrefillTuning
 from pallas_kernels.prefill_mgpu import fp8_key_order, fp8_values, int32_to_float_magic
 from tests.test_prefill import (
+    PV_FP8_TOL,
     TOL,
     check_output,
     make_inputs,
@@ -86,7 +87,6 @@ CPU_CASES = [
     ("pv_fp8", (2, 4, 2, 300, 64), [300, 70], _cfg(window=128, prefill_block=128, rho=0.1), "vti",
      dict(compute_wgs=2, block_kv=128, pv_fp8=True)),
 ]
-PV_FP8_TOL = 1e-2  # FP8 P (3 mantissa bits) and per-channel FP8 values over the quantized segment
 
 
 @pytest.mark.parametrize("name,shape,lengths,config,vl_source,kernel", CPU_CASES, ids=[c[0] for c in CPU_CASES])
