@@ -178,7 +178,7 @@ def test_mosaic_backend_dispatch(monkeypatch, prefill_block):
     (got_idx, got_count, kw), = calls
     assert kw == dict(scale=None)
     assert PrefillTuning().mosaic() == dict(compute_wgs=2, block_kv=128, stages=2, pingpong=True, approx_math=True,
-                                            skip_masks=True, magic_convert=True)
+                                            skip_masks=True, magic_convert=True, pv_fp8=False)
     np.testing.assert_array_equal(np.asarray(got_idx), np.asarray(vl_idx))
     np.testing.assert_array_equal(np.asarray(got_count), np.asarray(vl_count))
     assert out.shape == q.shape
