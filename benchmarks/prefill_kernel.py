@@ -25,6 +25,12 @@ queries attend to: the regime where VL tokens matter), B=1, Hq/Hkv=32/8, D=128:
   hybrid_e2e          hyquant_jax.prefill_attention(backend="triton"): VTI + glue + kernel
   vti                 tail queries + vertical_token_identification alone
   cudnn_bf16          jax.nn.dot_product_attention(implementation="cudnn", is_causal=True)
+  cudnn_fp8           cuDNN's FP8 flash attention through JAX (q, k, v e4m3 with one scale each, FP8 P and output,
+                      causal; K/V repeated to Hq), quantization and dequantization included
+  cudnn_fp8_kernel    the same on inputs quantized outside the timing
+  hybrid_int8_mgpu_pvfp8        the backend="mosaic" setting with FP8 P.V over the quantized segment
+  hybrid_int8_mgpu_kernel_pvfp8 that kernel alone (glue excluded)
+  hybrid_e2e_mosaic_pvfp8       VTI + glue + that kernel
   pallas_mha_bf16     jax.experimental.pallas.ops.gpu.attention.mha (K/V repeated to Hq outside the timing)
 
 Times: `loop_ms` is the median time per call inside a jitted fori_loop whose
@@ -263,6 +269,41 @@ def cudnn_fn(q_btnd, k_btnd, v_btnd):
     return jax.nn.dot_product_attention(q_btnd, k_btnd, v_btnd, is_causal=True, implementation="cudnn")
 
 
+def fp8_tensor(x):
+    """x -> (float8_e4m3fn codes, float32 [1, 1, 1, 1] scale): one scale for the whole tensor, as cuDNN's FP8
+    attention takes its inputs."""
+    x = x.astype(jnp.float32)
+    scale = jnp.maximum(jnp.max(jnp.abs(x)), 1e-30) / 448.0
+    return (x / scale).astype(jnp.float8_e4m3fn), scale.reshape(1, 1, 1, 1)
+
+
+def cudnn_fp8_kernel_fn(scale):
+    """cuDNN's FP8 causal flash attention on quantized [B, T, H, D] inputs with their scales; the FP8 output is
+    returned dequantized (bf16)."""
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn_attention
+
+    def fn(qq, sq, kq, sk, vq, sv):
+        one = jnp.ones((1, 1, 1, 1), jnp.float32)
+        params = dict.fromkeys(cudnn_attention.fp8_params_keys, one)
+        # P in [0, 1] is stored as P * 448; the output (a convex combination of the values) in the values' scale
+        params.update(descale_q=sq, descale_k=sk, descale_v=sv, descale_s=one / 448.0, scale_s=one * 448.0,
+                      scale_o=1.0 / sv)
+        out, _, _ = cudnn_attention.dot_product_attention(
+            qq, kq, vq, fp8_params=params, scale=scale, mask_type=cudnn_attention.MaskType.CAUSAL, use_fp8=True)
+        return (out.astype(jnp.float32) * sv).astype(jnp.bfloat16)
+
+    return fn
+
+
+def cudnn_fp8_fn(scale):
+    kernel = cudnn_fp8_kernel_fn(scale)
+
+    def fn(q_btnd, k_btnd, v_btnd):
+        return kernel(*fp8_tensor(q_btnd), *fp8_tensor(k_btnd), *fp8_tensor(v_btnd))
+
+    return fn
+
+
 def mha_fn(tuning, interpret, scale):
     bq, bk, nw, ns = tuning
 
@@ -387,6 +428,9 @@ def run_length(t, tuning, mha_tuning, interpret, reps, b, hq, hkv, d, have_cudnn
     }
     if have_cudnn:
         methods["cudnn_bf16"] = (cudnn_fn, (qt, kt, vt), True)
+        methods["cudnn_fp8"] = (cudnn_fp8_fn(scale), (qt, kr, vr), True)
+        methods["cudnn_fp8_kernel"] = (cudnn_fp8_kernel_fn(scale), (*fp8_tensor(qt), *fp8_tensor(kr),
+                                                                    *fp8_tensor(vr)), True)
     if d in mgpu.HEAD_DIMS and (only is None or any(m.startswith("hybrid_int8_mgpu") for m in only)):
         two = dict(compute_wgs=2, block_kv=128, pingpong=True)
         margs, _ = pk.prepare_kernel_call(q, k, v, lengths, vl_idx, vl_count, CONFIG,
@@ -410,6 +454,17 @@ def run_length(t, tuning, mha_tuning, interpret, reps, b, hq, hkv, d, have_cudnn
                                                 hyb_args, True)
         methods["hybrid_int8_mgpu_kernel"] = (partial(mgpu.hybrid_prefill_mgpu, scale=scale, interpret=interpret,
                                                       **PrefillTuning().mosaic()), margs, False)
+        pv_fp8 = PrefillTuning(pv_fp8=True)
+        methods["hybrid_int8_mgpu_pvfp8"] = (mgpu_fn(CONFIG, interpret, **pv_fp8.mosaic()), hyb_args, True)
+        fargs = margs[:7] + mgpu.fp8_values(margs[7]) + margs[9:]
+        methods["hybrid_int8_mgpu_kernel_pvfp8"] = (partial(mgpu.hybrid_prefill_mgpu, scale=scale,
+                                                            interpret=interpret, **pv_fp8.mosaic()), fargs, False)
+
+        def e2e_pvfp8(q, k, v, lengths):
+            vl = vti_fn(CONFIG)(q, k, lengths)
+            return pk.prefill_attention_mgpu(q, k, v, lengths, *vl, CONFIG, interpret=interpret, tuning=pv_fp8)
+
+        methods["hybrid_e2e_mosaic_pvfp8"] = (e2e_pvfp8, (q, k, v, lengths), True)
         if not interpret:
             methods["hybrid_e2e_mosaic"] = (
                 lambda q, k, v, lengths: prefill_attention(q, k, v, lengths, CONFIG, backend="mosaic")[0],

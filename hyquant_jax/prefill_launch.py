@@ -60,8 +60,9 @@ class PrefillTuning:
     query rows per CTA on one stream of key steps of block_kv (64 or 128) keys, `stages` (>= 2) of them in
     shared memory at once; pingpong: two compute warpgroups take turns at the tensor cores; approx_math:
     approximate exp2; skip_masks: steps whose keys are all valid for every row skip the mask; magic_convert:
-    the INT8 dots become float32 by an add and a subtract. The defaults are the fastest setting measured
-    (docs/design.md, "Prefill kernels").
+    the INT8 dots become float32 by an add and a subtract; pv_fp8: P.V over the quantized segment in FP8
+    (e4m3 probabilities and per-channel values, block_kv 128). The defaults are the fastest setting measured
+    with bf16 P.V (docs/design.md, "Prefill kernels").
     """
 
     block_q: int | None = None
@@ -75,6 +76,7 @@ class PrefillTuning:
     approx_math: bool = True
     skip_masks: bool = True
     magic_convert: bool = True
+    pv_fp8: bool = False
 
     def __post_init__(self):
         for name in ("block_q", "block_k"):
@@ -91,14 +93,17 @@ class PrefillTuning:
             raise ValueError(f"PrefillTuning.block_kv must be one of {_mgpu.BLOCK_KVS}, got {self.block_kv!r}")
         if not (type(self.stages) is int and self.stages >= _mgpu.MIN_STAGES):
             raise ValueError(f"PrefillTuning.stages must be an int >= {_mgpu.MIN_STAGES}, got {self.stages!r}")
-        for name in ("pingpong", "approx_math", "skip_masks", "magic_convert"):
+        for name in ("pingpong", "approx_math", "skip_masks", "magic_convert", "pv_fp8"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"PrefillTuning.{name} must be a bool, got {getattr(self, name)!r}")
+        if self.pv_fp8 and self.block_kv != 128:
+            raise ValueError(f"PrefillTuning.pv_fp8 needs block_kv 128, got {self.block_kv}")
 
     def mosaic(self) -> dict:
         """The Mosaic kernel's launch keywords (`hybrid_prefill_mgpu`)."""
         return dict(compute_wgs=self.compute_wgs, block_kv=self.block_kv, stages=self.stages, pingpong=self.pingpong,
-                    approx_math=self.approx_math, skip_masks=self.skip_masks, magic_convert=self.magic_convert)
+                    approx_math=self.approx_math, skip_masks=self.skip_masks, magic_convert=self.magic_convert,
+                    pv_fp8=self.pv_fp8)
 
 
 def check_tuning(tuning, name: str = "tuning") -> PrefillTuning | None:
@@ -405,15 +410,17 @@ def uniform_prefill_attention(q, k, v, lengths, qk_format: str = "int8", interpr
 # ----------------------------------------------------------------------------- the Mosaic kernel's launch
 
 @partial(jax.jit, static_argnames=("config", "interpret", "scale", "compute_wgs", "block_kv", "stages",
-                                   "pingpong", "approx_math", "skip_masks", "magic_convert"))
+                                   "pingpong", "approx_math", "skip_masks", "magic_convert", "pv_fp8"))
 def _prefill_mgpu(q, k, v, lengths, vl_idx, vl_count, *, config: HyQuantConfig, interpret, scale, compute_wgs,
-                  block_kv, stages, pingpong, approx_math, skip_masks, magic_convert):
+                  block_kv, stages, pingpong, approx_math, skip_masks, magic_convert, pv_fp8):
     args, scale = _prepare(q, k, v, lengths, vl_idx, vl_count, config=config, scale=scale, uniform=False,
                            qk_format="int8", pv_format="bf16", block_q=_mgpu.BLOCK,
                            block_k=max(block_kv, _mgpu.BLOCK * compute_wgs))
+    if pv_fp8:
+        args = args[:7] + _mgpu.fp8_values(args[7]) + args[9:]
     out = _mgpu.hybrid_prefill_mgpu(*args, scale=scale, compute_wgs=compute_wgs, block_kv=block_kv, stages=stages,
                                     pingpong=pingpong, approx_math=approx_math, skip_masks=skip_masks,
-                                    magic_convert=magic_convert, interpret=interpret)
+                                    magic_convert=magic_convert, pv_fp8=pv_fp8, interpret=interpret)
     return out[:, :, :q.shape[2]].astype(q.dtype)
 
 

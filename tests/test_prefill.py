@@ -320,7 +320,7 @@ def test_tuning_defaults_and_triton_launch():
     with pytest.raises(ValueError, match="must divide config.prefill_block"):
         pk.triton_launch(128, config, PrefillTuning(block_q=256))
     assert PrefillTuning().mosaic() == dict(compute_wgs=2, block_kv=128, stages=2, pingpong=True, approx_math=True,
-                                            skip_masks=True, magic_convert=True)
+                                            skip_masks=True, magic_convert=True, pv_fp8=False)
     q, k, v = make_inputs(0, 1, 2, 1, 32, 64)
     lengths = jnp.asarray([32], jnp.int32)
     vl_idx, vl_count = random_vl(0, 1, 1, 32, lengths, config)

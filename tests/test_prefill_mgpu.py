@@ -20,7 +20,7 @@ import pytest
 from hyquant_jax.prefill_launch import PrefillTuning
 from pallas_kernels.prefill_mgpu import argument_shapes, hybrid_prefill_mgpu
 from tests.helpers.mgpu_interpret_cases import ONE_WG, _cfg, _run
-from tests.test_prefill import TOL, check_output
+from tests.test_prefill import PV_FP8_TOL, TOL, check_output
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -124,6 +124,27 @@ GPU_CASES = [
 def test_gpu_matches_reference(name, shape, lengths, config, vl_source, kernel):
     out, ref, lengths = _run(shape, lengths, config, vl_source, interpret=False, **kernel)
     check_output(out, ref, lengths, TOL)
+
+
+PV_FP8 = dict(DEFAULT, pv_fp8=True)
+PV_FP8_CASES = [
+    ("pv_fp8_ragged", (2, 32, 8, 1000, 128), [1000, 613], _cfg(window=128, prefill_block=128, rho=0.05), "vti"),
+    ("pv_fp8_block64_ragged", (3, 32, 8, 2100, 128), [2100, 1337, 129], _cfg(window=128, prefill_block=64, rho=0.05),
+     "vti"),
+    # no VL tokens and a short band: nearly all of P.V in FP8, where a key order that differs between P and the
+    # values would show at once
+    ("pv_fp8_no_vl_4k", (1, 8, 2, 4096, 128), [4096], _cfg(window=128, prefill_block=128, rho=0.0), "random"),
+    ("pv_fp8_16k", (1, 2, 1, 16384, 128), [16384], _cfg(window=128, prefill_block=128, rho=0.05), "vti"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,shape,lengths,config,vl_source", PV_FP8_CASES, ids=[c[0] for c in PV_FP8_CASES])
+def test_gpu_pv_fp8_close_to_reference(name, shape, lengths, config, vl_source):
+    """The FP8 P.V over the quantized segment within FP8 rounding of the reference (bf16 P.V), as the Triton
+    kernel's: values paired with the wrong probabilities would be off by about the output's own size."""
+    out, ref, lengths = _run(shape, lengths, config, vl_source, interpret=False, **PV_FP8)
+    check_output(out, ref, lengths, PV_FP8_TOL)
 
 
 @pytest.mark.gpu

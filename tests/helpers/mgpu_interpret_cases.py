@@ -22,8 +22,9 @@ from hyquant_jax import prefill_launch as pk
 from hyquant_jax import reference
 from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.prefill_launch import PrefillTuning
-from pallas_kernels.prefill_mgpu import int32_to_float_magic
+from pallas_kernels.prefill_mgpu import fp8_key_order, fp8_values, int32_to_float_magic
 from tests.test_prefill import (
+    PV_FP8_TOL,
     TOL,
     check_output,
     make_inputs,
@@ -83,13 +84,33 @@ CPU_CASES = [
      "vti", dict(compute_wgs=2, block_kv=128)),
     ("two_row_blocks_block64_kv64_masked", (1, 4, 2, 300, 64), [300], _cfg(window=64, prefill_block=64, rho=0.2),
      "random", dict(compute_wgs=2, block_kv=64, skip_masks=False)),
+    ("pv_fp8", (2, 4, 2, 300, 64), [300, 70], _cfg(window=128, prefill_block=128, rho=0.1), "vti",
+     dict(compute_wgs=2, block_kv=128, pv_fp8=True)),
 ]
 
 
 @pytest.mark.parametrize("name,shape,lengths,config,vl_source,kernel", CPU_CASES, ids=[c[0] for c in CPU_CASES])
 def test_interpret_matches_reference(name, shape, lengths, config, vl_source, kernel):
     out, ref, lengths = _run(shape, lengths, config, vl_source, interpret=True, **kernel)
-    check_output(out, ref, lengths, TOL)
+    check_output(out, ref, lengths, PV_FP8_TOL if kernel.get("pv_fp8") else TOL)
+
+
+def test_fp8_key_order_is_the_register_order():
+    """fp8_key_order puts key 8a + 2j + r of each group of 16 at 4j + 2a + r: thread j's columns 2j, 2j + 1 of
+    two 8-column tiles, packed as they are, are the 8-bit layout's columns 4j .. 4j + 3. fp8_values applies the
+    same order to the values (a permutation, so P.V is unchanged)."""
+    x = jnp.arange(48)
+    got = np.asarray(fp8_key_order(x, 0))
+    want = [16 * g + 8 * a + 2 * j + r for g in range(3) for j in range(4) for a in range(2) for r in range(2)]
+    np.testing.assert_array_equal(got, want)
+    v = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 64, 8))
+    codes, vsc = fp8_values(v)
+    assert codes.shape == (2, 3, 8, 64) and codes.dtype == jnp.float8_e4m3fn and vsc.shape == (2, 3, 8)
+    back = jnp.swapaxes(codes, -1, -2).astype(jnp.float32)
+    order = np.asarray(fp8_key_order(jnp.arange(64), 0))
+    restored = np.empty(back.shape, np.float32)
+    restored[..., order, :] = np.asarray(back)
+    np.testing.assert_allclose(restored * np.asarray(vsc)[..., None, :] * 448.0, np.asarray(v), rtol=0.07, atol=1e-6)
 
 
 def test_interpret_segments_are_distinguished():
@@ -157,7 +178,7 @@ def test_mosaic_backend_dispatch(monkeypatch, prefill_block):
     (got_idx, got_count, kw), = calls
     assert kw == dict(scale=None)
     assert PrefillTuning().mosaic() == dict(compute_wgs=2, block_kv=128, stages=2, pingpong=True, approx_math=True,
-                                            skip_masks=True, magic_convert=True)
+                                            skip_masks=True, magic_convert=True, pv_fp8=False)
     np.testing.assert_array_equal(np.asarray(got_idx), np.asarray(vl_idx))
     np.testing.assert_array_equal(np.asarray(got_count), np.asarray(vl_count))
     assert out.shape == q.shape
