@@ -9,7 +9,7 @@ header (name, architecture, tensor count) against the values pinned in `REGISTRY
 
 Every failure is a `FetchError` whose message is one line saying what went wrong and what to do.
 
-    python -m models.fetch qwen2.5-coder-0.5b        # or scripts/fetch_model.sh qwen2.5-coder-0.5b
+    scripts/fetch_model.sh qwen2.5-coder-0.5b        # calls main(); models.fetch.fetch(name) from Python
 """
 
 from __future__ import annotations
@@ -254,7 +254,7 @@ def sha256_of(path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m models.fetch NAME`: fetch a registered model; exit code 1 with one line on stderr on failure."""
+    """`scripts/fetch_model.sh NAME`: fetch a registered model; exit code 1 with one line on stderr on failure."""
     import argparse
 
     p = argparse.ArgumentParser(prog="fetch_model", description="Download, join and verify a registered model "
@@ -267,7 +267,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fetch_model: {e}", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,4 +9,4 @@ if [ ! -x .venv/bin/python ]; then
   echo "fetch_model: no .venv in $(pwd); run scripts/bootstrap.sh first" >&2
   exit 1
 fi
-exec .venv/bin/python -m models.fetch "$@"
+exec .venv/bin/python -c 'import sys; from models.fetch import main; sys.exit(main(sys.argv[1:]))' "$@"
