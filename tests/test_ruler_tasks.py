@@ -1,4 +1,4 @@
-"""benchmarks/ruler_tasks.py: every task's prompt fits its length, holds its gold answers where the task says
+"""benchmarks/_ruler_tasks.py: every task's prompt fits its length, holds its gold answers where the task says
 (checked by parsing the prompt text: the vt chains resolved, the cwe list counted), ends with the question and
 answer prefix, and is the same for the same seed; scoring and cell selection. A fake word tokenizer keeps it fast;
 one test runs the tiny checkpoint's BPE tokenizer and chat template."""
@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import ruler_tasks as ruler  # noqa: E402
+from benchmarks import _ruler_tasks as ruler  # noqa: E402
 
 
 class WordTokenizer:
