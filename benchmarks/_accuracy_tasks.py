@@ -143,7 +143,7 @@ def _needles(task: str, depth: float, rng) -> tuple[list[tuple[float, str]], str
     raise ValueError(f"task must be one of {TASKS}, got {task!r}")
 
 
-def _assemble(filler: list[str], needles: list[tuple[float, str]]) -> str:
+def insert_needles(filler: list[str], needles: list[tuple[float, str]]) -> str:
     """Filler sentences with each needle inserted at the sentence boundary nearest its depth."""
     slots: dict[int, list[str]] = {}
     for d, sentence in sorted(needles, key=lambda x: x[0]):
@@ -163,7 +163,7 @@ def make_sample(task: str, length: int, depth: float, index: int, haystack: Hays
     needles, question, prefix, answers = _needles(task, depth, rng)
 
     def render(filler):
-        user = _assemble(filler, needles) + "\n\n" + question
+        user = insert_needles(filler, needles) + "\n\n" + question
         return tokenizer.apply_chat_template([{"role": "user", "content": user}]) + prefix
 
     overhead = len(tokenizer.encode(render([])))

