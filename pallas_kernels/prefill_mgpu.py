@@ -430,8 +430,9 @@ def hybrid_prefill_mgpu(meta, q, qq, qrow, qbias, kq, ks, vq, vsc, kvl, vvl, k, 
                         skip_masks: bool, magic_convert: bool, pv_fp8: bool,
                         interpret: bool = False):
     """Run the kernel on arguments prepared by `hyquant_jax.prefill_launch._prepare` (block_q 64,
-    block_k = block_kv; INT8 Q.K; P.V in bf16, or with `pv_fp8` in FP8 over the quantized segment, where vq and
-    vsc come from `fp8_values` (vsc is unused otherwise and accepted for the same argument order)).
+    block_k = max(block_kv, 64 * compute_wgs): the prompt's padding; INT8 Q.K; P.V in bf16, or with `pv_fp8`
+    in FP8 over the quantized segment, where vq and vsc come from `fp8_values` (vsc is unused otherwise and
+    accepted for the same argument order)).
 
     Shapes: meta int32 [B, Hkv, Tp // 64, 4] (nq, nvl, band_start, length) per 64-row block; q bf16
     [B, Hq, Tp, D]; qq int8 like q; qrow, qbias f32 [B, Hq, Tp]; kq int8 [B, Hkv, Tp, D]; ks f32 [B, Hkv, Tp];
