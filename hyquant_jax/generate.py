@@ -45,7 +45,7 @@ from hyquant_jax.compile_options import (
     jit_with_options,
     prefill_compiler_options,
 )
-from hyquant_jax.sampling import SamplingConfig, sample
+from hyquant_jax.sampling import SamplingConfig, check_seed, sample
 from models.attention import DecodeContext, PrefillContext, begin_decode_step, steps_until_begin
 from models.config import ModelConfig
 from models.transformer import Decoder, ModelDef, check_model, split_model
@@ -325,18 +325,24 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, attention,
     max_len: decode-state capacity per sequence (None: just enough). The hybrid cache is sized for
       prompts at least as long as `shortest_prompt_bound` of these.
     keep_states: return the final per-layer states (e.g. to count cache bytes).
-    mesh: optional ("data", "model") `jax.sharding.Mesh` (`hyquant_jax.sharding.make_mesh`): the
-      weights are split Megatron-style over "model", the batch over "data", and each layer's
-      attention runs per shard under `shard_map` (`hyquant_jax.sharding`). Raises ValueError
-      when the KV heads do not divide the model axis or the batch does not divide the data axis.
+    seed: the sampling key's seed, an integer in 0 .. 2**32 - 1.
+    mesh: optional ("data", "model") `jax.sharding.Mesh` (`hyquant_jax.sharding.make_mesh`) or its shape
+      as a string ("data=1,model=2"): the weights are split Megatron-style over "model", the batch over
+      "data", and each layer's attention runs per shard under `shard_map` (`hyquant_jax.sharding`). Raises
+      ValueError when the KV heads do not divide the model axis or the batch does not divide the data axis.
     on_tokens: streaming: called as on_tokens(new) with new[b] the token ids sequence b generated since the
       last call, as they are decoded. The decode then runs in calls of `stream_chunk` steps (one compiled
       loop, called again on the states it returns); the tokens are the same as without streaming (sampled
       tokens too: each draws with a key of its position, `sampling.sample`), and so are the steps, cached
       tokens, cache bytes and capacity: the last call runs only the steps left (`decode`'s step_limit).
     """
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    for name, value in (("prefill_chunk", prefill_chunk), ("bucket", bucket)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1 (tokens), got {value!r}")
+    seed = check_seed(seed)
+    mesh = sharding.as_mesh(mesh)
     if on_tokens is not None and not callable(on_tokens):
         raise ValueError(f"on_tokens must be None or a callable taking a list of token-id lists, got {on_tokens!r}")
     if not isinstance(stream_chunk, int) or stream_chunk < 2:
