@@ -41,7 +41,8 @@ CLI_TRIALS = [
     (["generate", "--no-such-option"], 2, ["unrecognized arguments: --no-such-option", "see hyquant --help"]),
     ([], 2, ["the following arguments are required: command", "see hyquant --help"]),
     (["generate", "--prefill-chunk", "0"], 2, ["--prefill-chunk must be >= 1 (tokens prefilled per call), got 0"]),
-    (["generate", "--mesh", "data=1,model=one"], 2, ["mesh shape 'data=1,model=one'", "positive integer"]),
+    (["generate", "--mesh", "data=1,model=one"], 2, ["error: --mesh shape 'data=1,model=one'", "positive integer"]),
+    (["generate", "--mesh", "data=1,rows=2"], 2, ["error: --mesh shape 'data=1,rows=2': unknown axis 'rows'"]),
     (["generate", "--json", "/proc/out.json"], 2, ["--json /proc/out.json: cannot create a file in /proc"]),
     (["generate", "--json", "{tmp}"], 2, ["is a folder; give a file path"]),
     (["demo", "--json", "/proc/out.json"], 2, ["--json /proc/out.json: cannot create a file in /proc"]),
@@ -61,7 +62,7 @@ if ON_CPU:
                                                              "NVIDIA GPU; this machine runs on cpu"]),
                    (["demo", "--backend", "mosaic"], 2, ["--backend mosaic needs a Hopper GPU"])]
 if jax.device_count() < 2:
-    CLI_TRIALS += [(["generate", "--mesh", "data=1,model=2"], 2, ["mesh data=1,model=2 needs 2 devices"])]
+    CLI_TRIALS += [(["generate", "--mesh", "data=1,model=2"], 2, ["error: --mesh data=1,model=2 needs 2 devices"])]
 
 
 def _interrupt(*args, **kwargs):

@@ -28,7 +28,7 @@ from hyquant_jax.cli.output import ResultFile
 from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.model_attention import ATTENTION_KINDS
 from hyquant_jax.sampling import MAX_SEED, SamplingConfig, check_seed
-from hyquant_jax.sharding import describe_mesh, make_mesh
+from hyquant_jax.sharding import describe_mesh, make_mesh, parse_mesh_shape
 
 # A built-in long prompt (~900 tokens) so that most of the context leaves the
 # 128-token window and the hybrid cache actually compresses it.
@@ -216,12 +216,26 @@ def check_generate_args(args, config: HyQuantConfig) -> dict:
             texts.append(p.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError) as e:
             raise ValueError(f"--prompt-file {path} is not a readable UTF-8 text file ({e})") from e
+    if getattr(args, "mesh", None):
+        with _as_option("--mesh"):
+            parse_mesh_shape(args.mesh)  # the devices are counted once they are known (after --distributed)
     if args.model is not None and not Path(args.model).exists():
         raise ValueError(f"--model {args.model} does not exist (expected a Hugging Face folder or a .gguf file)")
     output = ResultFile(args.json, "--json").prepare() if args.json else None
     flags = {"top_k": "--top-k", "top_p": "--top-p"}
     warnings = [f"{flags[name]} has no effect with greedy decoding (--temperature 0)" for name in sampling.ignored()]
     return {"prompt_texts": texts, "sampling": sampling, "config": config, "output": output, "warnings": warnings}
+
+
+@contextlib.contextmanager
+def _as_option(option: str):
+    """A ValueError of the library that names the argument ("mesh ...") names the option instead ("--mesh ...")."""
+    try:
+        yield
+    except ValueError as e:
+        name = option.lstrip("-")
+        text = str(e)
+        raise ValueError(f"--{text}" if text.startswith(f"{name} ") else f"{option}: {text}") from e
 
 
 def environment() -> dict:
@@ -259,7 +273,8 @@ def run_generate(args, checked: dict, echo=print) -> dict:
             echo = _quiet
     mesh = None
     if getattr(args, "mesh", None):
-        mesh = make_mesh(args.mesh)
+        with _as_option("--mesh"):
+            mesh = make_mesh(args.mesh)
     t0 = time.perf_counter()
     # With a mesh, weights are read into host memory and then split over the devices (no device holds all).
     where = jax.default_device(jax.devices("cpu")[0]) if mesh is not None else contextlib.nullcontext()
