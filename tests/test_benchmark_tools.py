@@ -340,7 +340,7 @@ def test_e2e_mosaic_blocks_per_sm_reaches_the_hybrid_attention():
 
 
 
-def test_results_are_named_by_device():
+def test_results_are_named_by_device(tmp_path):
     """Canonical results files are `<benchmark>_<device>`: the device from the run, never a fixed name; a smoke
     run writes into a temporary folder, not into benchmarks/results."""
     from benchmarks.common import RESULTS, default_name, output_folder, slug
@@ -350,7 +350,50 @@ def test_results_are_named_by_device():
     assert slug("NVIDIA H200", count=2) == "h200x2" and slug("cpu", "cpu") == "cpu"
     assert slug("Some New GPU 9") == "some_new_gpu_9"
     assert default_name("decode_kernel") == "decode_kernel_cpu"  # this machine
-    assert output_folder(None) == RESULTS and output_folder("x") == "x" and output_folder(None, smoke=True) != RESULTS
+    out = str(tmp_path / "x")
+    assert output_folder(None) == RESULTS and output_folder(out) == out and output_folder(None, smoke=True) != RESULTS
+    assert os.path.isdir(out)  # --out is created before the run
+
+
+def test_out_that_cannot_be_written_fails_before_the_run(capsys):
+    from benchmarks.common import output_folder
+
+    with pytest.raises(SystemExit) as e:
+        output_folder("/proc/results")
+    assert e.value.code == 2
+    assert capsys.readouterr().err.startswith("error: --out /proc/results: cannot write a file there")
+
+
+def test_write_json_that_fails_prints_the_record(tmp_path, capsys, monkeypatch):
+    import json
+
+    from benchmarks.common import write_json
+
+    assert write_json(str(tmp_path / "a" / "r.json"), {"x": 1}) and json.loads((tmp_path / "a" / "r.json").read_text())
+    def full(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    capsys.readouterr()
+    assert not write_json(str(tmp_path / "b.json"), {"x": 2})
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"x": 2} and "could not write --out" in err and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]  # no temporary file left
+
+
+def test_ctrl_c_in_a_benchmark_is_one_line(capsys):
+    from benchmarks.common import run_script
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as e:
+        run_script(interrupted)
+    assert e.value.code == 130 and capsys.readouterr().err == "interrupted\n"
+    for returned, code in ((None, 0), ({"result": 1}, 0), (3, 3)):  # a returned int is the exit code
+        with pytest.raises(SystemExit) as e:
+            run_script(lambda returned=returned: returned)
+        assert e.value.code == code
 
 
 def test_e2e_combine_names_the_device_and_records_each_part(tmp_path):
