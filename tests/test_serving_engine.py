@@ -129,11 +129,12 @@ def test_bf16_cache_and_sampling_through_the_same_engine(model, prompts):
 
 
 def test_stream_cancel_and_queue_limit(model, prompts, hybrid, hybrid_alone):
-    engine = _engine(model, hybrid, 2, max_queue=2)
+    engine = _engine(model, hybrid, 2, max_queue=1)
     first = engine.add_request(prompts[0], max_tokens=MAX_TOKENS)
     second = engine.add_request(prompts[1], max_tokens=MAX_TOKENS)
-    with pytest.raises(QueueFull, match="at most 2"):
-        engine.add_request(prompts[2], max_tokens=4)
+    third = engine.add_request(prompts[2], max_tokens=4)  # waits while the two slots are taken
+    with pytest.raises(QueueFull, match="all 2 slots are taken and 1 requests already wait"):
+        engine.add_request(prompts[3], max_tokens=4)
     tokens = []
     for update in engine.stream(first):
         tokens += update.tokens
@@ -144,6 +145,7 @@ def test_stream_cancel_and_queue_limit(model, prompts, hybrid, hybrid_alone):
     cancelled = engine.pop_result(second)
     assert cancelled.finish_reason == "cancelled" and cancelled.tokens == hybrid_alone[1][:len(cancelled.tokens)]
     assert not engine.cancel(second) and engine.pop_result(second) is None
+    assert engine.run()[third].tokens == hybrid_alone[2][:4]
     assert engine.slots() == (None, None) and not engine.busy
 
 

@@ -170,7 +170,7 @@ class Engine:
         sampling: greedy by default; stop: token ids and strings that end it (strings need a tokenizer; the
         engine's eos_ids end every request); seed: of its samples (None: drawn by the engine).
         Raises ValueError for a request that cannot run (too long, bad argument), QueueFull when max_queue
-        requests already wait."""
+        requests already wait beyond the free slots."""
         ids = self.encode(prompt)
         self.check_request(len(ids), max_tokens)
         if not isinstance(sampling, SamplingConfig):
@@ -184,9 +184,9 @@ class Engine:
             raise ValueError("stop strings need an engine with a tokenizer; pass stop token ids")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32):
             raise ValueError(f"seed must be None or an int in [0, 2**32), got {seed!r}")
-        if len(self._waiting) >= self.max_queue:
-            raise QueueFull(f"{len(self._waiting)} requests already wait for one of the {self.max_slots} slots "
-                            f"(the queue holds at most {self.max_queue}); retry later")
+        if len(self._waiting) >= self.max_queue + self._owner.count(None):
+            raise QueueFull(f"all {self.max_slots} slots are taken and {self.max_queue} requests already wait "
+                            f"(the queue's limit); retry later")
         request = _Request(id=next(self._ids), prompt=ids, max_tokens=max_tokens, sampling=sampling,
                            seed=int(self._seeds.integers(2**32)) if seed is None else seed,
                            stop_ids=frozenset(int(s) for s in stop_ids),
@@ -312,7 +312,7 @@ class Engine:
             assert self._positions[request.slot] == len(request.prompt) + len(request.tokens) - 1
         waiting = [r.id for r in self._waiting]
         assert not set(waiting) & set(self._running), "a request both waits and runs"
-        assert len(waiting) <= self.max_queue and not set(waiting) & set(self._results)
+        assert len(waiting) <= self.max_queue + self._owner.count(None) and not set(waiting) & set(self._results)
 
     # ------------------------------------------------------------------ internals
 
