@@ -17,6 +17,7 @@ import pytest
 import uvicorn
 
 import hyquant_jax as hq
+from hyquant_jax.cli.main import main
 from hyquant_jax.generate import generate
 from hyquant_jax.serving import Engine
 from hyquant_jax.serving.server import build_app
@@ -252,3 +253,16 @@ def test_many_concurrent_requests_all_complete(server, checkpoint, id_prompts, a
     assert _idle(engine), engine.slots()
     health = httpx.get(base + "/health", headers=headers).json()
     assert health["running"] == 0 and health["waiting"] == 0
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--max-slots", "0"], "--max-slots must be >= 1"),
+    (["--max-queue", "-1"], "--max-queue must be >= 0"),
+    (["--port", "70000"], "--port must be in [0, 65535]"),
+    (["--api-key", " "], "--api-key must not be empty"),
+    (["--attention", "bf16", "--rho", "0.1"], "--rho set the hybrid cache and apply to --attention hyquant only"),
+    (["--rho", "2"], "rho"),
+])
+def test_serve_refuses_bad_options_before_the_model_loads(argv, match, capsys):
+    assert main(["serve", *argv]) == 2
+    assert match in capsys.readouterr().err
