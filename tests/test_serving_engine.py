@@ -149,6 +149,20 @@ def test_stream_cancel_and_queue_limit(model, prompts, hybrid, hybrid_alone):
     assert engine.slots() == (None, None) and not engine.busy
 
 
+def test_a_free_slot_never_reaches_another_slots_tokens(model, prompts, hybrid, hybrid_alone):
+    """Whatever a free slot's rows hold (here NaN in every float array), the running request's tokens are those of
+    its prompt alone: nothing in the step mixes rows."""
+    engine = _engine(model, hybrid, 2)
+    rid = engine.add_request(prompts[3], max_tokens=MAX_TOKENS)
+    _step_checked(engine)
+    assert engine.slots() == (rid, None)
+    engine._states = jax.tree_util.tree_map(  # poison the free slot's rows
+        lambda x: x.at[1].set(jnp.nan) if jnp.issubdtype(x.dtype, jnp.floating) else x.at[1].set(-7), engine._states)
+    while engine.busy:
+        _step_checked(engine)
+    assert engine.pop_result(rid).tokens == hybrid_alone[3]
+
+
 @pytest.mark.parametrize("prompt, max_tokens, match", [
     ([], 4, "at least one token"),
     ([1] * CONTEXT, 1, "at most 127"),

@@ -185,6 +185,11 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(server):
         assert next(lines).startswith("data: ")
         assert engine.running == 1
     assert _idle(engine), engine.slots()
+    with pytest.raises(httpx.ReadTimeout):  # a client that gives up on a whole answer
+        httpx.post(base + "/v1/completions", json={**body, "stream": False}, headers={"Authorization": f"Bearer {KEY}"},
+                   timeout=httpx.Timeout(30, read=0.3))
+    assert engine.running + engine.waiting == 1
+    assert _idle(engine), engine.slots()
 
 
 def test_a_full_queue_answers_429(server):
@@ -253,6 +258,16 @@ def test_many_concurrent_requests_all_complete(server, checkpoint, id_prompts, a
     assert _idle(engine), engine.slots()
     health = httpx.get(base + "/health", headers=headers).json()
     assert health["running"] == 0 and health["waiting"] == 0
+
+
+def test_serve_help_explains_every_option(monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "2000")
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--help"])
+    text = capsys.readouterr().out
+    assert e.value.code == 0 and "(default: None)" not in text and "(default: 127.0.0.1)" in text
+    for option in ("--max-slots", "--context", "--max-queue", "--api-key", "--attention", "--rho"):
+        assert option in text
 
 
 @pytest.mark.parametrize("argv, match", [

@@ -13,8 +13,8 @@ slots with per-slot positions; inactive slots neither grow nor touch the others'
 slot when it finishes (max_tokens, a stop token or string, the end-of-sequence token) or is cancelled.
 
 Memory is accounted per slot, not per page: a request is accepted only when its prompt and max_tokens fit one
-slot's context, and admitted when a slot is free; at most `max_queue` requests wait. Why slots and not a page
-pool yet: docs/design.md, "Serving".
+slot's context, and admitted when a slot is free; beyond the free slots at most `max_queue` requests wait. Why
+slots and not a page pool yet: docs/design.md, "Serving".
 """
 
 from __future__ import annotations
