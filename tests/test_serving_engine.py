@@ -129,7 +129,8 @@ def test_bf16_cache_and_sampling_through_the_same_engine(model, prompts):
 
 
 def test_stream_cancel_and_queue_limit(model, prompts, hybrid, hybrid_alone):
-    engine = _engine(model, hybrid, 2, max_queue=1)
+    compiles = []
+    engine = _engine(model, hybrid, 2, max_queue=1, on_compile=compiles.append)
     first = engine.add_request(prompts[0], max_tokens=MAX_TOKENS)
     second = engine.add_request(prompts[1], max_tokens=MAX_TOKENS)
     third = engine.add_request(prompts[2], max_tokens=4)  # waits while the two slots are taken
@@ -147,6 +148,7 @@ def test_stream_cancel_and_queue_limit(model, prompts, hybrid, hybrid_alone):
     assert not engine.cancel(second) and engine.pop_result(second) is None
     assert engine.run()[third].tokens == hybrid_alone[2][:4]
     assert engine.slots() == (None, None) and not engine.busy
+    assert compiles == ["compiling the prefill of prompts padded to 64 tokens (once)"]
 
 
 def test_a_free_slot_never_reaches_another_slots_tokens(model, prompts, hybrid, hybrid_alone):
@@ -179,8 +181,16 @@ def test_bad_requests_are_refused(model, hybrid, prompt, max_tokens, match):
     assert not engine.busy
 
 
+def test_prompt_sizes(model, hybrid):
+    engine = Engine(model, hybrid, context=1024, prefill_chunk=256, bucket=32)
+    assert [engine.padded_size(n) for n in (1, 32, 33, 64, 65, 200, 256, 257, 700)] == [
+        32, 32, 64, 64, 128, 256, 256, 512, 768]
+    assert Engine(model, hybrid, context=96, bucket=64).padded_size(70) == 96
+    assert Engine(model, hybrid).context == 1024 and Engine(model, hybrid, prefill_chunk=300).context == 900
+
+
 @pytest.mark.parametrize("kw, match", [
-    (dict(context=100), "multiple of bucket=64"),
+    (dict(context=100, prefill_chunk=64), "must be a multiple of prefill_chunk=64"),
     (dict(context=2048), r"context must be an int in \[1, 1024\]"),
     (dict(max_slots=0), "max_slots must be an int >= 1"),
 ])

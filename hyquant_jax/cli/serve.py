@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -96,7 +97,11 @@ def run(args: argparse.Namespace) -> int:
                                backend=args.backend or "auto", cache_dtype=jnp.bfloat16)
     engine = Engine(model.decoder, attention, tokenizer=model.tokenizer, max_slots=args.max_slots,
                     context=args.context, max_queue=args.max_queue, prefill_chunk=args.prefill_chunk,
-                    bucket=min(64, args.prefill_chunk), pad_id=model.tokenizer.pad_id or 0)
+                    bucket=min(64, args.prefill_chunk), pad_id=model.tokenizer.pad_id or 0, on_compile=_say)
     name = args.model_name or (Path(args.model).name if args.model else model.name.removesuffix(" (default)"))
     serve(engine, name, host=args.host, port=args.port, api_key=args.api_key, log_level=args.log_level)
     return 0
+
+
+def _say(message: str) -> None:
+    print(f"hyquant serve: {message}", file=sys.stderr, flush=True)

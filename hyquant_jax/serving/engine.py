@@ -23,13 +23,13 @@ import collections
 import dataclasses
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hyquant_jax.generate import padded_length, prefill
+from hyquant_jax.generate import prefill
 from hyquant_jax.sampling import SamplingConfig
 from hyquant_jax.serving.step import RowSampling, check_rows, decode_step, empty_rows, sample_rows, write_row
 from hyquant_jax.serving.text import TextStream
@@ -82,18 +82,19 @@ class Engine:
 
     model: a `models.Decoder`; attention: an attention implementation (`hyquant_jax.make_attention("hyquant")`,
     `models.BF16Attention()`, ...); tokenizer: optional (`models.tokenizer.Tokenizer`), for text prompts, text
-    output and stop strings. context: tokens per slot, prompt + max_tokens (default: the model's max_position,
-    at most 4096, rounded down to a padded prompt size); a multiple of `bucket`, and past `prefill_chunk` a
-    multiple of it (prompts are padded to those sizes, as `generate` pads them). eos_ids: tokens that end every
-    request (None: the tokenizer's, else the model config's). max_queue: requests that may wait for a slot.
-    prefills_per_step: prompts admitted per `step` at most (each prefill delays the running requests' next
-    token). seed: draws the seeds of requests that give none.
+    output and stop strings. context: tokens per slot, prompt + max_tokens (default: the model's max_position, at
+    most 4096; past `prefill_chunk` a multiple of it). Prompts are padded to `padded_size`: bucket times a power
+    of two up to prefill_chunk (few prefill programs to compile), then multiples of prefill_chunk (chunked).
+    eos_ids: tokens that end every request (None: the tokenizer's, else the model config's). max_queue: requests
+    that may wait once every slot is taken. prefills_per_step: prompts admitted per `step` at most (each prefill
+    delays the running requests' next token). seed: draws the seeds of requests that give none. on_compile:
+    called with a message before a prompt size's prefill compiles (the running requests wait meanwhile).
     """
 
     def __init__(self, model: Decoder, attention, *, tokenizer=None, max_slots: int = 4, context: int | None = None,
                  max_queue: int = 64, prefill_chunk: int = 2048, bucket: int = 64,
                  eos_ids: Sequence[int] | None = None, pad_id: int = 0, prefills_per_step: int = 1,
-                 seed: int | None = None):
+                 seed: int | None = None, on_compile: Callable[[str], None] | None = None):
         check_model(model)
         config = model.config
         for name, value, low in (("max_slots", max_slots, 1), ("max_queue", max_queue, 0),
@@ -102,15 +103,15 @@ class Engine:
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
         limit = min(config.max_position, config.sliding_window or math.inf)
-        if context is None:  # the longest padded prompt size within the limit and 4096
+        if context is None:
             context = min(limit, 4096)
-            context -= context % (prefill_chunk if context > prefill_chunk else bucket)
+            context -= context % prefill_chunk if context > prefill_chunk else 0
         if isinstance(context, bool) or not isinstance(context, int) or not 1 <= context <= limit:
             raise ValueError(f"context must be an int in [1, {limit}] (the model's max_position or sliding "
                              f"window), got {context!r}")
-        if context % bucket or (context > prefill_chunk and context % prefill_chunk):
-            raise ValueError(f"context={context} must be a multiple of bucket={bucket}, and above prefill_chunk="
-                             f"{prefill_chunk} a multiple of it (the padded prompt sizes)")
+        if context > prefill_chunk and context % prefill_chunk:
+            raise ValueError(f"context={context} must be a multiple of prefill_chunk={prefill_chunk} (the size "
+                             f"prompts longer than one chunk are padded to) or at most one chunk")
         if not isinstance(pad_id, int) or not 0 <= pad_id < config.vocab_size:
             raise ValueError(f"pad_id must be a token id in [0, {config.vocab_size}), got {pad_id!r}")
         if eos_ids is None:
@@ -121,6 +122,8 @@ class Engine:
         self.prefill_chunk, self.bucket, self.pad_id = prefill_chunk, bucket, pad_id
         self.prefills_per_step = prefills_per_step
         self.eos_ids = frozenset(int(e) for e in eos_ids)
+        self.on_compile = on_compile
+        self._compiled_sizes: set[int] = set()
         self._model_def, self._weights = split_model(model)
         self._seeds = np.random.default_rng(seed)
         self._ids = itertools.count()
@@ -316,9 +319,20 @@ class Engine:
 
     # ------------------------------------------------------------------ internals
 
+    def padded_size(self, prompt_tokens: int) -> int:
+        """The padded length of a prompt: bucket * 2**k up to prefill_chunk (and context), then a multiple of
+        prefill_chunk."""
+        if prompt_tokens > self.prefill_chunk:
+            return -(-prompt_tokens // self.prefill_chunk) * self.prefill_chunk
+        size = self.bucket << max(0, math.ceil(math.log2(prompt_tokens / self.bucket)))
+        return min(size, self.prefill_chunk, self.context)
+
     def _prefill(self, ids: list[int]):
         """(logits float32 [1, V], decode states with batch 1 and capacity `context`) of one prompt."""
-        padded = padded_length(len(ids), self.bucket, self.prefill_chunk)
+        padded = self.padded_size(len(ids))
+        if padded not in self._compiled_sizes and self.on_compile is not None:
+            self.on_compile(f"compiling the prefill of prompts padded to {padded} tokens (once)")
+        self._compiled_sizes.add(padded)
         tokens = np.full((1, padded), self.pad_id, np.int32)
         tokens[0, :len(ids)] = ids
         _, logits, row = prefill(self._model_def, self._weights, jnp.asarray(tokens),
