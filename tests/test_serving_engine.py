@@ -73,7 +73,7 @@ REQUEST = st.tuples(st.integers(0, len(PROMPT_LENGTHS) - 1), st.integers(1, MAX_
                     st.none() | st.integers(0, 30), st.none() | st.integers(0, MAX_TOKENS - 1))
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(slots=st.sampled_from([2, 3]), requests=st.lists(REQUEST, min_size=1, max_size=7))
 def test_each_request_gets_the_tokens_of_its_prompt_alone(model, prompts, hybrid, hybrid_alone, slots, requests):
     engine = _engine(model, hybrid, slots)
