@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Create .venv (Python >= 3.12) and install hyquant-jax with its test and eval extras.
+# Create .venv (Python >= 3.12) and install hyquant-jax with its test, eval and serve extras.
 #   scripts/bootstrap.sh          CPU (CI, development)
 #   scripts/bootstrap.sh --gpu    also JAX's CUDA 12 plugin and libraries (the `cuda12` extra), for NVIDIA GPUs;
 #                                 HYQUANT_CUDA=cuda13 picks the CUDA 13 build instead
 # Idempotent: re-installs only when pyproject.toml, this script or the choice of extras changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras="test,eval"
+extras="test,eval,serve"
 case "${1:-}" in
   "") ;;
   --gpu) extras="$extras,${HYQUANT_CUDA:-cuda12}" ;;

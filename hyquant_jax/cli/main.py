@@ -3,6 +3,7 @@
   hyquant generate   generate text with a real checkpoint through the hybrid KV cache
   hyquant bench      run a benchmark from benchmarks/ (decode and prefill kernels, end to end, memory, ...)
   hyquant eval       run an evaluation from benchmarks/ (accuracy)
+  hyquant serve      an OpenAI-compatible HTTP server with continuous batching
   hyquant demo       the hybrid cache on synthetic attention states
 """
 
@@ -14,7 +15,7 @@ import sys
 import jax
 
 from hyquant_jax import __version__
-from hyquant_jax.cli import demo, generate, scripts
+from hyquant_jax.cli import demo, generate, scripts, serve
 
 
 class Parser(argparse.ArgumentParser):
@@ -42,12 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     demo.add_parser(sub, _DefaultsHelpFormatter)
     generate.add_parser(sub, _DefaultsHelpFormatter)
+    serve.add_parser(sub, _DefaultsHelpFormatter)
     scripts.add_parsers(sub)
     return parser
 
 
 # subcommand -> the module whose `run(args)` carries it out
-COMMANDS = {"demo": demo, "generate": generate, "bench": scripts, "eval": scripts}
+COMMANDS = {"demo": demo, "generate": generate, "serve": serve, "bench": scripts, "eval": scripts}
 
 
 def main(argv: list[str] | None = None) -> int:
