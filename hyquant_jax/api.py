@@ -115,7 +115,8 @@ class Model:
         """Generate a continuation of each prompt (a string or a list of strings).
 
         attention: "hyquant" (the hybrid cache, `config` sets it: K4V4 channel_key, W 128, rho 5% by default),
-        "bf16" (exact), "uniform2/4/8" or "kivi2/4" (quantized baselines); config applies to "hyquant" only.
+        "bf16" (exact), "uniform2/4/8", "kivi2/4" or "fp8" (quantized baselines); config applies to "hyquant"
+        only.
         The KV cache is bf16 (its full-precision parts, for the quantized ones).
         sampling: greedy by default (`hq.SamplingConfig(temperature=..., top_k=..., top_p=...)`).
         backend: the kernels (`hyquant_jax.backends`: "auto" picks the GPU kernels on a GPU; "triton" needs an

@@ -18,6 +18,9 @@
   32-channel groups (asymmetric), a bf16 residual window of 128 recent tokens
   (HyQuantConfig(scheme="channel_key", group_size=32, block_size=32,
   window=128, rho=0)); the window holds 128-160 tokens between flushes.
+* `FP8CacheAttention`: the FP8 (e4m3) K/V cache with a per-token scale that
+  serving engines offer; exact prefill, then every token quantized
+  (`FP8KVBuffer`), dequantized for each decode step.
 
 Chunked prefill (prompt longer than one chunk): hybrid INT8-QK prefill needs a
 layer's whole prompt at once, so chunks attend exactly over a bf16 staging
@@ -37,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hyquant_jax import quant
 from hyquant_jax.attention import check_tuning, decode_step, prefill_attention
 from hyquant_jax.backends import BACKENDS
 from hyquant_jax.cache import (
@@ -59,12 +63,15 @@ from models.attention import (
     KV_HEADS,
     BF16Attention,
     DecodeContext,
+    KVBuffer,
     PrefillContext,
     causal_attention,
     check_chunk_impl,
+    grouped_attention,
     logical_axes,
     prefix_attention,
     write_chunk,
+    write_token,
 )
 
 
@@ -281,9 +288,75 @@ def dequantized_attention(q: jax.Array, cache: HybridKVCache, config: HyQuantCon
     return out.reshape(b, hq, d).astype(q.dtype)
 
 
+@partial(jax.tree_util.register_dataclass, data_fields=["k_codes", "k_scale", "v_codes", "v_scale"], meta_fields=[])
+@dataclasses.dataclass(frozen=True)
+class FP8KVBuffer:
+    """FP8 KV cache of one layer, slot = position: codes float8_e4m3fn [B, Hkv, S, D] and one bf16 scale per
+    token and head [B, Hkv, S, 1] (`quant.quantize_fp8_tokens`), S = `cache_slots(max_len)`."""
+
+    k_codes: jax.Array = logical_axes(BATCH, KV_HEADS)
+    k_scale: jax.Array = logical_axes(BATCH, KV_HEADS)
+    v_codes: jax.Array = logical_axes(BATCH, KV_HEADS)
+    v_scale: jax.Array = logical_axes(BATCH, KV_HEADS)
+
+    def nbytes(self) -> int:
+        return sum(x.nbytes for x in (self.k_codes, self.k_scale, self.v_codes, self.v_scale))
+
+
+def fp8_buffer(kv: KVBuffer) -> FP8KVBuffer:
+    """A full-precision `KVBuffer` quantized token by token to FP8 (every slot, padding included)."""
+    return FP8KVBuffer(*quant.quantize_fp8_tokens(kv.k), *quant.quantize_fp8_tokens(kv.v))
+
+
+@dataclasses.dataclass(frozen=True)
+class FP8CacheAttention:
+    """The FP8 KV cache most serving engines offer: keys and values in float8 e4m3 with a per-token scale.
+
+    Prefill is exact (`BF16Attention` over a full-precision buffer, chunked or whole); `finish_prefill`
+    quantizes the buffer (`fp8_buffer`). Each decode step quantizes its token into its slot, dequantizes the
+    whole cache to `cache_dtype` with jnp and attends over it with XLA (a reference path, not a kernel).
+    cache_dtype: dtype of the prefill buffer and of the dequantized keys (None: k's dtype). f32_probs: as
+    `BF16Attention.f32_probs`.
+    """
+
+    cache_dtype: Any = None
+    f32_probs: bool | None = None
+    name: str = "fp8"
+
+    def _exact(self) -> BF16Attention:
+        return BF16Attention(cache_dtype=self.cache_dtype, f32_probs=self.f32_probs)
+
+    def prefill_state(self, config, batch, prompt_len, max_len, dtype, whole):
+        return self._exact().prefill_state(config, batch, prompt_len, max_len, dtype, whole)
+
+    def prefill(self, layer, q, k, v, state: KVBuffer, ctx: PrefillContext):
+        return self._exact().prefill(layer, q, k, v, state, ctx)
+
+    def finish_prefill(self, layer, state: KVBuffer, ctx: PrefillContext) -> FP8KVBuffer:
+        return fp8_buffer(state)
+
+    def decode(self, layer, q, k, v, state: FP8KVBuffer, ctx: DecodeContext):
+        s = state.k_codes.shape[2]
+        pos = jnp.minimum(ctx.positions, s - 1)
+        parts = (*quant.quantize_fp8_tokens(k), *quant.quantize_fp8_tokens(v))
+        state = FP8KVBuffer(*(write_token(buf, x, pos) for buf, x in zip(jax.tree_util.tree_leaves(state), parts)))
+        dt = self.cache_dtype or k.dtype
+        keys = quant.dequantize_fp8_tokens(state.k_codes, state.k_scale, dt)
+        values = quant.dequantize_fp8_tokens(state.v_codes, state.v_scale, dt)
+        mask = (jnp.arange(s)[None, :] <= pos[:, None])[:, None, None, None, :]
+        out = grouped_attention(q[:, :, None], keys, values, mask, f32_probs=self._exact()._f32())
+        return out[:, :, 0], state
+
+    def used_bytes(self, state: FP8KVBuffer, lengths) -> np.ndarray:
+        """Codes and scales of `lengths` tokens, int64 [B]."""
+        _, h, _, d = state.k_codes.shape
+        per_token = 2 * h * (d * state.k_codes.dtype.itemsize + state.k_scale.dtype.itemsize)
+        return np.asarray(lengths, np.int64) * per_token
+
+
 # --------------------------------------------------------------------------- factories
 
-ATTENTION_KINDS = ("bf16", "hyquant", "uniform2", "uniform4", "uniform8", "kivi2", "kivi4")
+ATTENTION_KINDS = ("bf16", "hyquant", "uniform2", "uniform4", "uniform8", "kivi2", "kivi4", "fp8")
 
 
 def uniform_config(bits: int = 4) -> HyQuantConfig:
@@ -321,4 +394,6 @@ def make_attention(kind: str, config: HyQuantConfig | None = None, backend: str 
         return uniform_attention(int(kind[7:]), cache_dtype)
     if kind.startswith("kivi") and kind in ATTENTION_KINDS:
         return kivi_attention(int(kind[4:]), cache_dtype)
+    if kind == "fp8":
+        return FP8CacheAttention(cache_dtype)
     raise ValueError(f"attention kind must be one of {ATTENTION_KINDS}, got {kind!r}")

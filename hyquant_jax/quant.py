@@ -159,3 +159,22 @@ def quantize_fp8(x, axis: int = -1):
     scale = jnp.max(jnp.abs(x), axis=axis, keepdims=True) / FP8_MAX
     scale = jnp.where(scale > 0, scale, 1.0)
     return (x / scale).astype(jnp.float8_e4m3fn), scale
+
+
+def quantize_fp8_tokens(x):
+    """float8_e4m3fn codes with one bf16 scale per token (the last axis): x [..., D] -> (codes [..., D], scale
+    bf16 [..., 1]); the token's largest |x| maps to 448 (FP8_MAX).
+
+    As in the low-bit schemes, the codes are computed against the bf16-rounded scale; a scale rounded down can
+    push the largest element past 448, so the quotient is clipped to +-448 before the cast (e4m3fn has no
+    infinity: an out-of-range cast gives NaN). An all-zero token gets scale 1."""
+    x = x.astype(jnp.float32)
+    scale = _round_param(jnp.max(jnp.abs(x), axis=-1, keepdims=True) / FP8_MAX)
+    scale = jnp.where(scale > 0, scale, 1.0)
+    codes = jnp.clip(x / scale, -FP8_MAX, FP8_MAX).astype(jnp.float8_e4m3fn)
+    return codes, scale.astype(PARAM_DTYPE)
+
+
+def dequantize_fp8_tokens(codes, scale, dtype=jnp.float32):
+    """Inverse of `quantize_fp8_tokens`: codes [..., D] * scale [..., 1] in float32, cast to dtype."""
+    return (codes.astype(jnp.float32) * scale.astype(jnp.float32)).astype(dtype)

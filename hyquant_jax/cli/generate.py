@@ -124,7 +124,8 @@ def add_generate_args(p) -> None:
     p.add_argument("-n", "--max-new-tokens", type=int, default=96, help="tokens to generate per prompt at most")
     p.add_argument("-a", "--attention", default="hyquant", choices=ATTENTION_KINDS,
                    help="KV cache and attention: hyquant (hybrid), bf16 (exact), uniform{2,4,8} (every token "
-                        "low-bit) or kivi{2,4} (KIVI-style); the baselines dequantize then attend")
+                        "low-bit), kivi{2,4} (KIVI-style) or fp8 (e4m3, per-token scales); the baselines dequantize "
+                        "then attend")
     p.add_argument("--compare-bf16", action="store_true",
                    help="also generate with an exact bf16 cache and report the share of identical tokens (runs "
                         "and compiles the model a second time)")

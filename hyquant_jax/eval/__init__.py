@@ -3,7 +3,8 @@
 * `causal_prefill`: reference-path prefills whose query chunks read only the keys they can see.
 * `sparse_attention`: the vertical-only sparse ablation (`VerticalSparseAttention`).
 * `shared_prefill`: prefill once per prefill flavor, then build several methods' decode states from it.
-* `teacher_forcing`: next-token NLL of given continuations through a method's decode path.
+* `teacher_forcing`: next-token NLL of given continuations through a method's decode path; greedy decoding
+  and the teacher-forced distributions of one prompt in one loop.
 * `operators`: a method's decode attention on captured states against exact attention; coverage.
 
 Nothing in the rest of `hyquant_jax` imports this package.
@@ -39,7 +40,7 @@ from hyquant_jax.eval.sparse_attention import (
     vertical_sparse_decode_reference,
     vertical_sparse_prefill_reference,
 )
-from hyquant_jax.eval.teacher_forcing import teacher_forced_nll
+from hyquant_jax.eval.teacher_forcing import greedy_and_forced, teacher_forced_nll
 
 __all__ = [
     "FLAVORS",
@@ -55,6 +56,7 @@ __all__ = [
     "decode_state",
     "decode_states",
     "exact_causal_attention",
+    "greedy_and_forced",
     "hybrid_prefill",
     "hybrid_prefill_causal",
     "map_causal_chunks",

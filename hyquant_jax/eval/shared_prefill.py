@@ -28,7 +28,13 @@ from hyquant_jax.cache import freeze
 from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.eval.causal_prefill import choose_vl, exact_causal_attention, hybrid_prefill
 from hyquant_jax.eval.sparse_attention import VerticalSparseAttention, sparse_prefill_attention
-from hyquant_jax.model_attention import HybridAttention, QuantizedCacheAttention, empty_vl
+from hyquant_jax.model_attention import (
+    FP8CacheAttention,
+    HybridAttention,
+    QuantizedCacheAttention,
+    empty_vl,
+    fp8_buffer,
+)
 from models.attention import BATCH, KV_HEADS, BF16Attention, KVBuffer, PrefillContext, cache_slots, logical_axes
 from models.transformer import ModelDef
 
@@ -117,7 +123,7 @@ def prefill_flavor(attention, cache_dtype=None, backend: str = "reference", exac
     exact: for `HybridAttention`, an exact prefill that still picks the VL set
     (what its chunked prefill does for prompts longer than one chunk).
     """
-    if isinstance(attention, (BF16Attention, QuantizedCacheAttention)):
+    if isinstance(attention, (BF16Attention, QuantizedCacheAttention, FP8CacheAttention)):
         return SharedPrefill("exact", None, backend, cache_dtype)
     if isinstance(attention, HybridAttention):
         return SharedPrefill("exact" if exact else "hybrid", _prefill_relevant(attention.config), backend,
@@ -143,17 +149,18 @@ def decode_state(attention, kv: PromptKV, lengths: jax.Array, max_len: int):
     """One layer's decode state of `attention` built from shared prompt K/V (as its own prefill would).
 
     lengths: int32 [B] prompt lengths; max_len: capacity in tokens per
-    sequence (>= the padded prompt length). bf16: a KVBuffer; quantized
+    sequence (>= the padded prompt length). bf16: a KVBuffer; fp8: an FP8KVBuffer; quantized
     baselines: Freeze with no VL; HyQuant and vertical-only sparse: Freeze
     with the VL set of the matching prefill flavor.
     """
     b, h, t, d = kv.k.shape
     if max_len < t:
         raise ValueError(f"max_len={max_len} must be >= the padded prompt length {t}")
-    if isinstance(attention, BF16Attention):
+    if isinstance(attention, (BF16Attention, FP8CacheAttention)):
         dt = attention.cache_dtype or kv.k.dtype
         pad = ((0, 0), (0, 0), (0, cache_slots(max_len) - t), (0, 0))
-        return KVBuffer(jnp.pad(kv.k.astype(dt), pad), jnp.pad(kv.v.astype(dt), pad))
+        buffer = KVBuffer(jnp.pad(kv.k.astype(dt), pad), jnp.pad(kv.v.astype(dt), pad))
+        return buffer if isinstance(attention, BF16Attention) else fp8_buffer(buffer)
     if isinstance(attention, QuantizedCacheAttention):
         return freeze(kv.k, kv.v, lengths, None, attention.config, max_len, vl=empty_vl(b, h))
     if isinstance(attention, (HybridAttention, VerticalSparseAttention)):

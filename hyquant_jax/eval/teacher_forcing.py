@@ -41,3 +41,31 @@ def teacher_forced_nll(model_def: ModelDef, weights, states: tuple, tokens: jax.
     return nll.T, top1.T, states
 
 
+
+
+@partial(jax.jit, static_argnames=("model_def", "attention"))  # no donation: the states are copied to 2 rows
+def greedy_and_forced(model_def: ModelDef, weights, states: tuple, first: jax.Array, forced: jax.Array,
+                      position: jax.Array, *, attention):
+    """Greedy decoding and teacher forcing of one prompt in one loop: two rows decoded together.
+
+    states: one prompt's decode states (batch 1), copied into two rows; row 0 feeds `first` and then its own
+    argmax, row 1 feeds `forced`. first: int32 [] the token after the prompt; forced: int32 [N] the tokens row 1
+    feeds; position: int32 [] the prompt length. Returns (greedy int32 [N + 1]: `first` and the N tokens after
+    it, log-probabilities float32 [N, V]: row 1's next-token distribution after each forced token). Nothing
+    stops at EOS: the caller cuts the greedy tokens there.
+    """
+    model = model_def.merge(weights)
+    states = jax.tree.map(lambda x: jnp.concatenate([x, x]), states)
+    positions = jnp.full((2,), position, jnp.int32)
+    active = jnp.ones((2,), bool)
+
+    def step(carry, i):
+        states, last = carry
+        tok = jnp.stack([last, forced[i]])[:, None]
+        logits, states = model(tok, DecodeContext(positions + i, active), states, attention=attention)
+        logits = logits[:, 0].astype(jnp.float32)
+        token = jnp.argmax(logits[0]).astype(jnp.int32)
+        return (states, token), (token, jax.nn.log_softmax(logits[1]))
+
+    _, (greedy, logp) = jax.lax.scan(step, (states, first.astype(jnp.int32)), jnp.arange(forced.shape[0]))
+    return jnp.concatenate([first.astype(jnp.int32)[None], greedy]), logp
