@@ -1300,4 +1300,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from benchmarks.common import run_script
+
+    run_script(main)

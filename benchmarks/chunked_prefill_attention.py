@@ -41,6 +41,7 @@ from benchmarks.common import (  # noqa: E402
     environment,
     load_module,
     output_folder,
+    run_script,
     time_in_loop,
     write_json,
 )
@@ -100,6 +101,7 @@ def main(argv=None) -> dict:
     if args.chunk < 1 or args.prompt % args.chunk or args.heads % args.kv_heads:
         p.error(f"--prompt ({args.prompt}) must be a multiple of --chunk ({args.chunk}) and --heads "
                 f"({args.heads}) of --kv-heads ({args.kv_heads})")
+    out = output_folder(args.out)
     try:
         launches = [tuple(int(x) for x in item.split(",")) for item in args.triton_launches.split(";") if item]
         if any(len(launch) != 4 for launch in launches):
@@ -148,10 +150,10 @@ def main(argv=None) -> dict:
         result["triton_rel_diff"] = last_chunk_difference(q, k, v, args.chunk)
         print(f"triton vs blocks, last chunk: relative L2 difference {result['triton_rel_diff']:.2e}")
     print("seconds / blocks' seconds: " + ", ".join(f"{k} {v:.2f}x" for k, v in result["x_blocks"].items()))
-    write_json(os.path.join(output_folder(args.out), f"{args.name or default_name('chunked_prefill_attention')}.json"),
+    write_json(os.path.join(out, f"{args.name or default_name('chunked_prefill_attention')}.json"),
                result)
     return result
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

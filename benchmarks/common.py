@@ -5,17 +5,19 @@ from __future__ import annotations
 import datetime
 import functools
 import importlib.util
-import json
 import os
 import platform
 import shlex
 import statistics
 import sys
+import tempfile
 import time
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+from hyquant_jax.cli.output import ResultFile
 
 
 def environment() -> dict:
@@ -59,13 +61,12 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def output_folder(out: str | None, smoke: bool = False) -> str:
-    """Where a benchmark writes: --out if given; else benchmarks/results, or for a --smoke run (a CPU check of the
-    script, whose numbers mean nothing) a fresh temporary folder, so that it never overwrites a canonical file."""
+    """Where a benchmark writes: --out if given (created and checked, `check_out`); else benchmarks/results, or for
+    a --smoke run (a CPU check of the script, whose numbers mean nothing) a fresh temporary folder, so that it
+    never overwrites a canonical file."""
     if out is not None:
-        return out
+        return check_out(out)
     if smoke:
-        import tempfile
-
         return tempfile.mkdtemp(prefix="hyquant_smoke_")
     return RESULTS
 
@@ -123,14 +124,35 @@ def time_per_call(fn, q, operands, reps: int = 30) -> float:
     return statistics.median(times)
 
 
-def write_json(path: str, payload: dict) -> None:
-    """Write payload as indented JSON; atomic (a temporary file renamed), so a run killed mid-write leaves the
-    previous file intact."""
+def write_json(path: str, payload: dict, indent: int = 2, default=None) -> bool:
+    """Write payload as JSON, atomically (a temporary file renamed: a run killed mid-write leaves the previous file
+    intact); if the write fails, one line on stderr and the record on stdout, and False (`ResultFile`).
+    default: json's, for values it cannot encode."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=2)
-    os.replace(tmp, path)
+    return ResultFile(path, "--out").write(payload, indent=indent, default=default)
+
+
+def check_out(folder: str) -> str:
+    """Before a run: create the --out folder and check that a file can be written in it, so a bad path fails at
+    once (one line, exit code 2), not after the run."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        print(f"error: --out {folder}: cannot write a file there ({e.strerror or e})", file=sys.stderr)
+        sys.exit(2)
+    return folder
+
+
+def run_script(main) -> None:
+    """`if __name__ == "__main__"` of a benchmark: exit with main's exit code (0 unless it returns an int), or
+    with 130 and one line on Ctrl-C instead of a traceback."""
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        code = 130
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 def load_module(path: str, name: str):

@@ -32,7 +32,15 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import hyquant_jax as hq  # noqa: E402
-from benchmarks.common import default_name, environment, output_folder, time_in_loop, time_per_call, write_json  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    default_name,
+    environment,
+    output_folder,
+    run_script,
+    time_in_loop,
+    time_per_call,
+    write_json,
+)
 from benchmarks.read_bandwidth import read_bandwidth  # noqa: E402
 from hyquant_jax import quant  # noqa: E402
 from hyquant_jax.decode_launch import DecodeTuning, decode_layout, plan  # noqa: E402
@@ -489,4 +497,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import re
 from collections import Counter
@@ -127,6 +126,7 @@ def main(argv=None) -> None:
     import jax.numpy as jnp
 
     from benchmarks import e2e
+    from benchmarks.common import check_out, write_json
     from hyquant_jax import SamplingConfig
     from hyquant_jax.generate import decode
     from models import abstract_model, init_model, split_model
@@ -143,6 +143,8 @@ def main(argv=None) -> None:
                         "peak bytes after it against the weights' own bytes")
     p.add_argument("--out", default=None, help="folder for decode_memory_<method>_<prefix>.json")
     args = p.parse_args(argv)
+    if args.out:
+        check_out(args.out)
     e2e_args = e2e.parse_args(["--sections", "b1"] + (["--layers", str(args.layers)] if args.layers else []))
     config = e2e._model(e2e_args)
     attention, _ = e2e._attention(e2e_args, args.method)
@@ -190,12 +192,12 @@ def main(argv=None) -> None:
                              for c, br in info["conditionals"].items())
         print(f"loop body {body}: {info['launches']} launches" + (f"; conditionals {branches}" if branches else ""))
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
         path = os.path.join(args.out, f"decode_memory_{args.method}_{args.prefix}.json")
-        with open(path, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(path, result, indent=1)
         print(f"wrote {path}")
 
 
 if __name__ == "__main__":
-    main()
+    from benchmarks.common import run_script
+
+    run_script(main)

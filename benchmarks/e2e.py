@@ -786,4 +786,6 @@ def plot(results, path) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from benchmarks.common import run_script
+
+    run_script(main)

@@ -22,7 +22,6 @@ import argparse
 import collections
 import ctypes
 import glob
-import json
 import os
 import re
 import subprocess
@@ -149,7 +148,9 @@ def main():
                    LD_LIBRARY_PATH=":".join(filter(None, [stub_dir, os.environ.get("LD_LIBRARY_PATH")])))
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
     sys.path.insert(0, ROOT)
-    os.makedirs(args.out, exist_ok=True)
+    from benchmarks.common import check_out, write_json
+
+    check_out(args.out)
     with tempfile.TemporaryDirectory() as dump:
         os.environ.update(MOSAIC_GPU_CUDA_ROOT=CUDA, MOSAIC_GPU_RUNTIME_LIB_PATH=RUNTIME, MOSAIC_GPU_DUMP_PTX="1",
                           MOSAIC_GPU_DUMP_TO=dump)
@@ -186,8 +187,7 @@ def main():
     with open(os.path.join(args.out, args.kernel + ".sass"), "w") as f:
         f.write(sass)
     summary = dict(kernel=args.kernel, **ptxas_summary(report), **sass_summary(sass))
-    with open(os.path.join(args.out, args.kernel + ".json"), "w") as f:
-        json.dump(summary, f, indent=1)
+    write_json(os.path.join(args.out, args.kernel + ".json"), summary, indent=1)
     loop = summary["loop"] or {}
     print(f"{args.kernel}: {summary['registers']} registers, spills {summary['spill_store_bytes']} / "
           f"{summary['spill_load_bytes']} bytes, {summary['instructions']} instructions, largest loop "

@@ -58,7 +58,6 @@ CPU check that the script runs (interpret mode, tiny shapes, into a temporary fo
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -75,7 +74,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
-from benchmarks.common import default_name, environment, output_folder  # noqa: E402
+from benchmarks.common import default_name, environment, output_folder, run_script, write_json  # noqa: E402
 from benchmarks.trace import breakdown, profiled  # noqa: E402
 from hyquant_jax import prefill_launch as pk  # noqa: E402
 from hyquant_jax import reference, vti  # noqa: E402
@@ -672,6 +671,9 @@ def main(argv=None):
     ap.add_argument("--tuning", default=None,
                     help="Triton kernel block_q,block_k,num_warps,num_stages instead of the sweep's best")
     args = ap.parse_args(argv)
+    args.out = output_folder(args.out, args.smoke)
+    args.name = args.name or default_name("prefill_kernel")
+    json_path = os.path.join(args.out, args.name + ".json")
 
     interpret = args.smoke or jax.default_backend() != "gpu"
     b, hq, hkv, d = (1, 4, 2, 64) if args.smoke else (1, 32, 8, 128)
@@ -698,18 +700,13 @@ def main(argv=None):
                              or best_tuning(payload["sweep"], "pallas_mha_bf16", (128, 64, 8, 2)))
     if payload["tuning"] != default:
         payload["correctness"] += correctness(interpret, payload["tuning"], small, (small[3], small[3] * 3 // 5))
-    args.out = output_folder(args.out, args.smoke)
-    args.name = args.name or default_name("prefill_kernel")
-    os.makedirs(args.out, exist_ok=True)
-    json_path = os.path.join(args.out, args.name + ".json")
 
     def save(complete):
         """Write the JSON so far: a run cut off by a time limit keeps the lengths it finished."""
         payload["complete"] = complete
         payload["summary"] = summarize(payload["results"], [t for t in lengths if str(t) in payload["results"]])
         payload["wall_s"] = time.perf_counter() - t_start
-        with open(json_path, "w") as f:
-            json.dump(payload, f, indent=2, default=str)
+        write_json(json_path, payload, default=str)
 
     payload["results"] = {}
     for t in lengths:
@@ -730,4 +727,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

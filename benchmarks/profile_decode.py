@@ -25,7 +25,7 @@ import jax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import environment, jitted_loop, write_json  # noqa: E402
+from benchmarks.common import check_out, environment, jitted_loop, run_script, write_json  # noqa: E402
 from benchmarks.decode_kernel import (  # noqa: E402
     CASES,
     CONFIG,
@@ -92,6 +92,7 @@ def main():
     p.add_argument("--stages", type=int, default=None, help="DecodeTuning.num_stages (default: heuristic)")
     p.add_argument("--pages", type=int, default=None, help="DecodeTuning.pages_per_tile (default: heuristic)")
     args = p.parse_args()
+    check_out(args.out)
     if args.trace or args.smoke:
         log = lambda s: print(s, flush=True)  # noqa: E731
         result = {"env": environment(), "config": dataclasses.asdict(CONFIG),
@@ -107,4 +108,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -115,8 +115,9 @@ def main():
     p.add_argument("--contexts", default="16x32768,1x32768", help="BxS list")
     p.add_argument("--name", default="profile_decode_mgpu")
     args = p.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    from benchmarks.common import environment, write_json
+    from benchmarks.common import check_out, environment, write_json
+
+    check_out(args.out)
 
     result = {"environment": environment(), "command": " ".join(sys.argv), "cases": []}
     for item in args.contexts.split(","):
@@ -135,4 +136,6 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    from benchmarks.common import run_script
+
+    run_script(main)

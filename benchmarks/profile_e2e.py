@@ -24,6 +24,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import e2e  # noqa: E402
+from benchmarks.common import check_out, run_script, write_json  # noqa: E402
 from benchmarks.trace import breakdown, profiled  # noqa: E402
 
 
@@ -123,6 +124,7 @@ def main():
                         "OUT/NAME_hlo_METHOD_PREFIX.txt.gz")
     p.add_argument("--layer-kernels", default="auto", choices=("auto", "xla"), help="as in e2e.py")
     args = p.parse_args()
+    check_out(args.out)
     import jax
     import jax.numpy as jnp
 
@@ -160,12 +162,10 @@ def main():
                       f"idle {row['idle_share'] or 0:.0%}", flush=True)
                 for k in row["top"][:12]:
                     print(f"   {k['us_per_step']:8.1f} us  x{k['launches_per_step']:5.1f}  {k['name'][:90]}")
-    os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"{args.name}.json")
-    with open(path, "w") as f:
-        json.dump(results, f, indent=1)
+    write_json(path, results, indent=1)
     print("wrote", path)
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -26,7 +26,15 @@ import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import add_output_sum, default_name, environment, output_folder, time_in_loop, write_json  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    add_output_sum,
+    default_name,
+    environment,
+    output_folder,
+    run_script,
+    time_in_loop,
+    write_json,
+)
 
 FORMS = ("rows", "gemv", "gemv_wide")
 
@@ -73,14 +81,14 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.gib <= 0:
         p.error(f"--gib must be > 0, got {args.gib}")
+    path = os.path.join(output_folder(args.out, args.smoke), f"{args.name or default_name('read_bandwidth')}.json")
     nbytes = 4 << 20 if args.smoke else int(args.gib * 2**30)
     result = {"env": environment(), "read_bandwidth": read_bandwidth(nbytes, iters=2 if args.smoke else 20,
                                                                        reps=1 if args.smoke else 5)}
     print(result)
-    path = os.path.join(output_folder(args.out, args.smoke), f"{args.name or default_name('read_bandwidth')}.json")
     write_json(path, result)
     print(f"wrote {path}")
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

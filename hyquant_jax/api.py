@@ -14,6 +14,7 @@ the token ids and per-sequence and per-call numbers. The lower-level pieces stay
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +22,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hyquant_jax.backends import BACKENDS, is_hopper
 from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.generate import generate, kv_cache_bytes
 from hyquant_jax.model_attention import ATTENTION_KINDS, make_attention
-from hyquant_jax.sampling import SamplingConfig
+from hyquant_jax.sampling import SamplingConfig, check_seed
+from hyquant_jax.sharding import as_mesh
 from models.checkpoint import default_model_path, load_model
 
 DTYPES = ("auto", "bfloat16", "float32")
@@ -115,12 +118,22 @@ class Model:
         "bf16" (exact), "uniform2/4/8" or "kivi2/4" (quantized baselines); config applies to "hyquant" only.
         The KV cache is bf16 (its full-precision parts, for the quantized ones).
         sampling: greedy by default (`hq.SamplingConfig(temperature=..., top_k=..., top_p=...)`).
-        backend: the kernels (`hyquant_jax.backends`: "auto" picks the GPU kernels on a GPU).
-        mesh: a ("data", "model") mesh (`hyquant_jax.sharding.make_mesh`) to split the model over devices.
+        backend: the kernels (`hyquant_jax.backends`: "auto" picks the GPU kernels on a GPU; "triton" needs an
+        NVIDIA GPU, "mosaic" a Hopper one).
+        seed: the sampling seed, an integer in 0 .. 2**32 - 1.
+        mesh: a ("data", "model") mesh (`hyquant_jax.sharding.make_mesh`), or its shape as a string
+        ("data=1,model=2"), to split the model over devices.
         on_text: streaming: called with each sequence's new text as it is decoded (a list, one str per prompt).
         """
         if attention not in ATTENTION_KINDS:
             raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {attention!r}")
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+        if not isinstance(chat, bool):
+            raise ValueError(f"chat must be True or False, got {chat!r}")
+        if not isinstance(prefill_chunk, int) or isinstance(prefill_chunk, bool) or prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be an int >= 1 (tokens prefilled per call), got {prefill_chunk!r}")
+        check_seed(seed)
         if config is not None and not isinstance(config, HyQuantConfig):
             raise ValueError(f"config must be None or a hyquant_jax.HyQuantConfig, got {type(config).__name__}")
         if config is not None and attention != "hyquant":
@@ -130,9 +143,13 @@ class Model:
             raise ValueError(f"sampling must be None or a hyquant_jax.SamplingConfig, got {type(sampling).__name__}")
         if on_text is not None and not callable(on_text):
             raise ValueError(f"on_text must be None or a callable taking a list of str, got {on_text!r}")
+        check_backend(backend)
         if backend != "auto" and attention != "hyquant":
             raise ValueError(f"backend picks the hybrid cache's kernels and applies to attention='hyquant' only, "
                              f"got backend={backend!r} with attention={attention!r}")
+        mesh = as_mesh(mesh)
+        for name in (sampling or SamplingConfig()).ignored():
+            warnings.warn(f"sampling.{name} has no effect with greedy decoding (temperature 0)", stacklevel=2)
         ids = self.prompt_ids(prompts, chat)
         impl = make_attention(attention, config, backend=backend, cache_dtype=jnp.bfloat16)
         eos = self.tokenizer.eos_ids or self.config.eos_token_ids
@@ -199,12 +216,30 @@ def _describe(x) -> str:
     return type(x).__name__
 
 
+def check_backend(backend, label: str | None = None) -> None:
+    """`backend` against this machine: ValueError unless it is one of `backends.BACKENDS` that runs on the first
+    JAX device (triton: an NVIDIA GPU; mosaic: a Hopper GPU). label: how the message names the argument
+    (default: "backend='triton'")."""
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    label = label or f"backend={backend!r}"
+    device = jax.devices()[0]
+    if backend == "triton" and device.platform != "gpu":
+        raise ValueError(f"{label} compiles the Pallas kernels for an NVIDIA GPU; this machine runs on "
+                         f"{device.platform} (use auto or reference, or interpret to run the kernels slowly)")
+    if backend == "mosaic" and not is_hopper(device):
+        raise ValueError(f"{label} needs a Hopper GPU (H100/H200, compute capability 9.x); this machine runs on "
+                         f"{device.device_kind} ({device.platform})")
+
+
 def load(model: str | Path | None = None, *, dtype: str = "auto", progress: bool = False) -> Model:
     """Load a checkpoint: None (the default SmolLM2-135M-Instruct, Q4_1 GGUF), a Hugging Face folder
     (config.json, *.safetensors, tokenizer.json) or a .gguf file (llama, qwen2 or qwen3 architecture).
     dtype: of the weights and activations ("auto": bfloat16 on a GPU, float32 on a CPU)."""
     if model is not None and not isinstance(model, (str, Path)):
         raise ValueError(f"model must be None, a path string or a pathlib.Path, got {type(model).__name__}")
+    if not isinstance(progress, bool):
+        raise ValueError(f"progress must be True or False, got {progress!r}")
     dt = compute_dtype(dtype)
     path = default_model_path() if model is None else Path(model)
     decoder, tokenizer = load_model(path, dt, progress=progress)

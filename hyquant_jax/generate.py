@@ -45,7 +45,7 @@ from hyquant_jax.compile_options import (
     jit_with_options,
     prefill_compiler_options,
 )
-from hyquant_jax.sampling import SamplingConfig, sample
+from hyquant_jax.sampling import SamplingConfig, check_seed, sample
 from models.attention import DecodeContext, PrefillContext, begin_decode_step, steps_until_begin
 from models.config import ModelConfig
 from models.transformer import Decoder, ModelDef, check_model, split_model
@@ -161,7 +161,7 @@ DECODE_JIT = dict(static_argnames=("model_def", "attention", "sampling", "max_ne
 @functools.partial(DeviceLoopJit, xla_flags=XLA_FLAGS, **DECODE_JIT)
 def decode(model_def: ModelDef, weights, states: tuple, first: jax.Array, lengths: jax.Array, key: jax.Array, *,
            attention, sampling: SamplingConfig, max_new_tokens: int, eos_ids: tuple[int, ...], pad_id: int,
-           layer_kernels: str | None = None):
+           layer_kernels: str | None = None, step_limit: jax.Array | None = None):
     """Decode loop (`lax.while_loop`, the per-layer states donated and updated in place).
 
     An attention with once-per-step work (`begin_decode_step`: the hybrid cache's ring-flush branch) that
@@ -175,6 +175,8 @@ def decode(model_def: ModelDef, weights, states: tuple, first: jax.Array, length
     lengths: int32 [B] tokens already cached (prompt lengths).
     layer_kernels: how each step's norms and RoPE run (`models.transformer.layer_kernels`; None: the
     attention's choice, "auto" by default: the Pallas kernels on a GPU where the shapes fit).
+    step_limit: int32 [], at most this many decode steps (None: max_new_tokens - 1, as many as the tokens
+    buffer holds); a traced value, so one compiled loop serves every limit (the streamed decode's last call).
     Returns (states, tokens int32 [B, max_new_tokens], generated counts int32 [B], cache lengths int32 [B],
     steps taken int32 []).
 
@@ -189,10 +191,11 @@ def decode(model_def: ModelDef, weights, states: tuple, first: jax.Array, length
     out = jnp.full((b, max_new_tokens), pad_id, jnp.int32).at[:, 0].set(first)
     active = ~_is_eos(first, eos_ids)
     carry = (jnp.int32(1), out, first, lengths.astype(jnp.int32), active, jnp.ones((b,), jnp.int32), states)
+    end = max_new_tokens if step_limit is None else jnp.minimum(step_limit + 1, max_new_tokens)
 
     def cond(c):
         step, *_, active, _, _ = c
-        return (step < max_new_tokens) & jnp.any(active)
+        return (step < end) & jnp.any(active)
 
     def advance(c, states, ctx):
         """One decode step on states the step's `begin_decode_step` work (if any) was done on."""
@@ -213,7 +216,7 @@ def decode(model_def: ModelDef, weights, states: tuple, first: jax.Array, length
         # The once-per-step work (the hybrid cache's ring-flush branch) only before the steps that need it:
         # here once, then an inner loop over the steps that need none, without the branch.
         states, ctx = begin_decode_step(attention, c[6], DecodeContext(c[3], c[4]))
-        stop = jnp.minimum(c[0] + steps_until_begin(attention, states, ctx), max_new_tokens)
+        stop = jnp.minimum(c[0] + steps_until_begin(attention, states, ctx), end)
 
         def prepared_step(c):
             return advance(c, c[6], DecodeContext(c[3], c[4], prepared=True))
@@ -322,18 +325,24 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, attention,
     max_len: decode-state capacity per sequence (None: just enough). The hybrid cache is sized for
       prompts at least as long as `shortest_prompt_bound` of these.
     keep_states: return the final per-layer states (e.g. to count cache bytes).
-    mesh: optional ("data", "model") `jax.sharding.Mesh` (`hyquant_jax.sharding.make_mesh`): the
-      weights are split Megatron-style over "model", the batch over "data", and each layer's
-      attention runs per shard under `shard_map` (`hyquant_jax.sharding`). Raises ValueError
-      when the KV heads do not divide the model axis or the batch does not divide the data axis.
+    seed: the sampling key's seed, an integer in 0 .. 2**32 - 1.
+    mesh: optional ("data", "model") `jax.sharding.Mesh` (`hyquant_jax.sharding.make_mesh`) or its shape
+      as a string ("data=1,model=2"): the weights are split Megatron-style over "model", the batch over
+      "data", and each layer's attention runs per shard under `shard_map` (`hyquant_jax.sharding`). Raises
+      ValueError when the KV heads do not divide the model axis or the batch does not divide the data axis.
     on_tokens: streaming: called as on_tokens(new) with new[b] the token ids sequence b generated since the
       last call, as they are decoded. The decode then runs in calls of `stream_chunk` steps (one compiled
       loop, called again on the states it returns); the tokens are the same as without streaming (sampled
-      tokens too: each draws with a key of its position, `sampling.sample`). The cache holds stream_chunk
-      more tokens per sequence, since the last call may run past max_new_tokens (its tokens are cut).
+      tokens too: each draws with a key of its position, `sampling.sample`), and so are the steps, cached
+      tokens, cache bytes and capacity: the last call runs only the steps left (`decode`'s step_limit).
     """
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    for name, value in (("prefill_chunk", prefill_chunk), ("bucket", bucket)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1 (tokens), got {value!r}")
+    seed = check_seed(seed)
+    mesh = sharding.as_mesh(mesh)
     if on_tokens is not None and not callable(on_tokens):
         raise ValueError(f"on_tokens must be None or a callable taking a list of token-id lists, got {on_tokens!r}")
     if not isinstance(stream_chunk, int) or stream_chunk < 2:
@@ -348,17 +357,17 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, attention,
         raise ValueError(f"pad_id must be a token id in [0, {config.vocab_size}), got {pad_id!r}")
     eos = tuple(int(e) for e in (config.eos_token_ids if eos_ids is None else eos_ids))
     tokens, lengths = pad_prompts(prompts, pad_id, bucket, prefill_chunk)
-    cap = check_capacity(lengths, tokens.shape[1], max_new_tokens + (stream_chunk if on_tokens else 0), max_len,
-                         config)
+    cap = check_capacity(lengths, tokens.shape[1], max_new_tokens, max_len, config)
     if int(tokens.max()) >= config.vocab_size or int(tokens.min()) < 0:
         raise ValueError(f"prompt token ids must lie in [0, {config.vocab_size}), got "
                          f"[{int(tokens.min())}, {int(tokens.max())}]")
     key = jax.random.PRNGKey(seed)
-    put, host = jnp.asarray, np.asarray
+    put, host, replicate = jnp.asarray, np.asarray, jnp.asarray
     if mesh is not None:
         model, attention = sharding.prepare(model, attention, mesh, batch=len(prompts))
         put, host = partial(sharding.put_batch, mesh=mesh), sharding.to_host
-        key = sharding.put_replicated(key, mesh)
+        replicate = partial(sharding.put_replicated, mesh=mesh)
+        key = replicate(key)
     model_def, weights = split_model(model)
     static = dict(attention=attention, sampling=sampling)
     tokens_j, lengths_j = put(tokens), put(lengths)
@@ -373,6 +382,8 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, attention,
     prefill_s = time.perf_counter() - t0
 
     dec = dict(max_new_tokens=stream_chunk if on_tokens else max_new_tokens, eos_ids=eos, pad_id=pad_id, **static)
+    if on_tokens is not None:
+        dec["step_limit"] = replicate(np.int32(stream_chunk - 1))
     t0 = time.perf_counter()
     decode_fn = decode.lower(model_def, weights, states, first, lengths_j, key, **dec).compile()
     compile_s += time.perf_counter() - t0
@@ -382,7 +393,7 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, attention,
         out, count, positions, steps = host(out), host(count), host(positions), int(steps)
     else:
         states, out, count, positions, steps = _streamed(decode_fn, weights, states, first, lengths_j, key,
-                                                         max_new_tokens, pad_id, eos, on_tokens, put, host)
+                                                         max_new_tokens, pad_id, eos, on_tokens, put, host, replicate)
     decode_s = time.perf_counter() - t0
     return GenerateResult(tokens=out, lengths=count, cache_lengths=positions,
                           prompt_lengths=lengths, compile_seconds=compile_s, prefill_seconds=prefill_s,
@@ -391,26 +402,30 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, attention,
 
 
 def _streamed(decode_fn, weights, states, first, lengths, key, max_new_tokens: int, pad_id: int, eos_ids: tuple,
-              on_tokens, put, host):
-    """`generate`'s decode as calls of one compiled `decode` loop of stream_chunk steps, each continuing from
-    the states, last tokens and cache lengths of the one before; on_tokens gets each call's new tokens.
-    Returns `decode`'s results with the tokens cut to max_new_tokens."""
+              on_tokens, put, host, replicate):
+    """`generate`'s decode as calls of one compiled `decode` loop of stream_chunk tokens, each continuing from
+    the states, last tokens and cache lengths of the one before; on_tokens gets each call's new tokens. Each
+    call's step_limit is the steps still to run (at most stream_chunk - 1), so the calls take max_new_tokens - 1
+    steps in all, as one `decode` call does. Returns `decode`'s results."""
     b = first.shape[0]
     out = np.full((b, max_new_tokens), pad_id, np.int32)
     count = np.zeros(b, np.int32)
     steps, done = 0, np.zeros(b, bool)
     while not done.all():
-        states, chunk, n, lengths, taken = decode_fn(weights, states, first, lengths, key)
-        chunk, n = host(chunk), host(n)
+        left = max_new_tokens - 1 - steps
+        states, chunk, n, lengths, taken = decode_fn(weights, states, first, lengths, key,
+                                                     step_limit=replicate(np.int32(left)))
+        chunk, n, taken = host(chunk), host(n), int(taken)
         skip = 0 if steps == 0 else 1  # a call's first token is the last one of the call before
-        steps += int(taken)
+        steps += taken
         new = []
         for i in range(b):
-            ids = [] if done[i] else chunk[i, skip:n[i]][:max_new_tokens - count[i]].tolist()
+            ids = [] if done[i] else chunk[i, skip:n[i]].tolist()
             out[i, count[i]:count[i] + len(ids)] = ids
             count[i] += len(ids)
-            done[i] |= count[i] >= max_new_tokens or (len(ids) > 0 and ids[-1] in eos_ids) or n[i] < chunk.shape[1]
+            done[i] |= count[i] >= max_new_tokens or (len(ids) > 0 and ids[-1] in eos_ids)
             new.append(ids)
+        done |= taken < min(left, chunk.shape[1] - 1)  # the loop stopped early: every sequence has stopped
         on_tokens(new)
         first = put(np.take_along_axis(chunk, np.maximum(n - 1, 0)[:, None], axis=1)[:, 0])
     return states, out, count, host(lengths), steps

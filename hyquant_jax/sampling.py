@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +33,25 @@ class SamplingConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    def ignored(self) -> tuple[str, ...]:
+        """The filters set (top_k > 0, top_p < 1) that have no effect because decoding is greedy."""
+        if not self.greedy:
+            return ()
+        return tuple(name for name, on in (("top_k", self.top_k > 0), ("top_p", self.top_p < 1)) if on)
+
+
+# Seeds `generate` takes: jax.random.PRNGKey keeps 32 bits of a seed (2**32 gives the key of 0), so the range in
+# which distinct seeds give distinct keys.
+MAX_SEED = 2**32 - 1
+
+
+def check_seed(seed, name: str = "seed") -> int:
+    """The seed as an int; ValueError naming `name` unless it is an integer (Python's or NumPy's, not a bool) in
+    0 .. MAX_SEED."""
+    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"{name} must be an integer in 0 .. 2**32 - 1 ({MAX_SEED}), got {seed!r}")
+    return int(seed)
 
 
 def sample(logits: jax.Array, key: jax.Array, config: SamplingConfig, positions: jax.Array | None = None

@@ -136,6 +136,20 @@ def make_mesh(shape: str | Mapping[str, int], devices=None) -> Mesh:
     return jax.make_mesh((d, m), AXES, axis_types=auto, devices=devices[:need])
 
 
+def as_mesh(mesh) -> Mesh | None:
+    """A caller's `mesh` argument as a Mesh: None, a Mesh with the ("data", "model") axes, or a shape that
+    `make_mesh` builds one from ("data=1,model=2" or a mapping). ValueError naming `mesh` otherwise."""
+    if mesh is None:
+        return None
+    if isinstance(mesh, Mesh):
+        mesh_sizes(mesh)
+        return mesh
+    if isinstance(mesh, (str, Mapping)):
+        return make_mesh(mesh)
+    raise ValueError(f"mesh must be None, a jax.sharding.Mesh (make_mesh) or a shape such as 'data=1,model=2', "
+                     f"got {type(mesh).__name__}")
+
+
 def mesh_sizes(mesh: Mesh) -> tuple[int, int]:
     """(data, model) sizes of a mesh built by `make_mesh`."""
     missing = [a for a in AXES if a not in mesh.shape]

@@ -191,8 +191,33 @@ def test_streaming_gives_the_tokens_of_one_call(model, prompts, kind, sampling, 
     assert seen == whole.sequences() == streamed.sequences()
     np.testing.assert_array_equal(streamed.tokens, whole.tokens)
     np.testing.assert_array_equal(streamed.lengths, whole.lengths)
+    np.testing.assert_array_equal(streamed.cache_lengths, whole.cache_lengths)
+    assert streamed.decode_steps == whole.decode_steps
     assert len(calls) >= 2 and all(n <= chunk for c in calls for n in c)
     assert min(len(s) for s in seen) < 23  # the stop token ended a sequence
+
+
+@pytest.mark.parametrize("kind", ["hyquant", "bf16"])
+def test_streaming_runs_the_requested_steps_at_the_context_limit(kind):
+    """A prompt that fills the context but max_new_tokens (prompt + n == max_position) streams as it runs without
+    streaming: the same tokens, steps (n - 1), cached tokens (prompt + n - 1), capacity and cache bytes, with n
+    not a multiple of the chunk's steps, so that the last call is a shorter one."""
+    n, chunk, limit = 20, 8, 256
+    model = init_model(jax.random.PRNGKey(0), dataclasses.replace(CONFIG, max_position=limit), jnp.float32)
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(0, CONFIG.vocab_size, limit - n).tolist(), rng.integers(0, CONFIG.vocab_size, 90).tolist()]
+    attn = make_attention(kind, SMALL_HQ if kind == "hyquant" else None)
+    whole = _run(model, prompts, attn, n=n, keep_states=True)
+    calls = []
+    streamed = _run(model, prompts, attn, n=n, keep_states=True, on_tokens=calls.append, stream_chunk=chunk)
+    np.testing.assert_array_equal(streamed.tokens, whole.tokens)
+    assert streamed.decode_steps == whole.decode_steps == n - 1
+    np.testing.assert_array_equal(streamed.cache_lengths, whole.cache_lengths)
+    np.testing.assert_array_equal(whole.cache_lengths, [len(p) + n - 1 for p in prompts])
+    assert streamed.max_len == whole.max_len == limit
+    np.testing.assert_array_equal(kv_cache_bytes(attn, streamed.states, streamed.cache_lengths),
+                                  kv_cache_bytes(attn, whole.states, whole.cache_lengths))
+    assert [sum(len(c[i]) for c in calls) for i in range(2)] == [n, n] and len(calls) == 3  # 8 + 7 + 5 tokens
 
 
 def test_streaming_argument_errors(model, prompts):

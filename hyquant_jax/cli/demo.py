@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
+import sys
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +25,7 @@ from hyquant_jax.attention import decode_step
 from hyquant_jax.backends import BACKENDS
 from hyquant_jax.cache import freeze
 from hyquant_jax.cli.options import add_config_args, check_backend, config_from_args
+from hyquant_jax.cli.output import ResultFile
 from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.reference import exact_attention, uniform_quantized_attention
 from hyquant_jax.vti import tail_queries, tail_query_count
@@ -46,24 +46,39 @@ def add_parser(subparsers, formatter_class) -> None:
     demo.add_argument("--kv-heads", type=int, default=2, help="KV heads (must divide --q-heads)")
     demo.add_argument("--head-dim", type=int, default=128, help="head dimension")
     demo.add_argument("--backend", default="auto", choices=BACKENDS, help="attention backend (hyquant_jax.backends)")
-    demo.add_argument("--json", help="also write the result to this JSON file")
+    demo.add_argument("--json", metavar="PATH", help="also write the result as one JSON record to PATH ('-': to "
+                                                     "stdout, the text then goes to stderr)")
     add_config_args(demo)
 
 
 def run(args: argparse.Namespace) -> int:
-    """`hyquant demo` from parsed options: print the result (and write it with --json); exit code 0."""
+    """`hyquant demo` from parsed options: print the result (and write it with --json); exit code 0, or 2 where
+    the JSON record could not be written (it went to stdout instead); bad options raise ValueError first."""
     config = config_from_args(args)
+    check_shapes(args, config)
     check_backend(args.backend)
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        raise ValueError(f"--json {args.json}: the folder {Path(args.json).parent} does not exist")
+    output = ResultFile(args.json, "--json").prepare() if args.json else None
     result = run_demo(prompt_len=args.prompt_len, steps=args.steps, batch=args.batch, q_heads=args.q_heads,
                       kv_heads=args.kv_heads, head_dim=args.head_dim, config=config, backend=args.backend)
     for line in describe(result, config, args.backend):
-        print(line)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-    return 0
+        print(line, file=sys.stderr if args.json == "-" else sys.stdout)
+    return 0 if output is None or output.write(result) else 2
+
+
+def check_shapes(args: argparse.Namespace, config: HyQuantConfig) -> None:
+    """The synthetic shapes: positive sizes, KV heads that divide the query heads, a head_dim the packed cache
+    holds; a ValueError naming the option otherwise."""
+    for option in ("prompt_len", "steps", "batch", "q_heads", "kv_heads", "head_dim"):
+        value = getattr(args, option)
+        if value < 1:
+            raise ValueError(f"--{option.replace('_', '-')} must be >= 1, got {value}")
+    if args.q_heads % args.kv_heads:
+        raise ValueError(f"--kv-heads {args.kv_heads} must divide --q-heads {args.q_heads} (each KV head serves "
+                         f"a group of query heads)")
+    try:
+        config.check_head_dim(args.head_dim)
+    except ValueError as e:
+        raise ValueError(f"--head-dim {args.head_dim}: {e}") from e
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,6 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
-import json
 import os
 import shlex
 import sys
@@ -25,9 +24,10 @@ from hyquant_jax.api import DTYPES, compute_dtype, load
 from hyquant_jax.backends import BACKENDS, resolve_backend
 from hyquant_jax.cache import smaller_than_bf16_from
 from hyquant_jax.cli.options import add_config_args, check_backend, config_from_args, given_config_options
+from hyquant_jax.cli.output import ResultFile
 from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.model_attention import ATTENTION_KINDS
-from hyquant_jax.sampling import SamplingConfig
+from hyquant_jax.sampling import MAX_SEED, SamplingConfig, check_seed
 from hyquant_jax.sharding import describe_mesh, make_mesh
 
 # A built-in long prompt (~900 tokens) so that most of the context leaves the
@@ -95,9 +95,17 @@ def add_parser(subparsers, formatter_class) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """`hyquant generate` from parsed options (exit code 0; bad options raise ValueError)."""
-    run_generate(args, config_from_args(args))
-    return 0
+    """`hyquant generate` from parsed options: exit code 0, or 2 where the JSON record could not be written (it
+    went to stdout instead); bad options raise ValueError before anything loads."""
+    checked = check_generate_args(args, config_from_args(args))
+    for warning in checked["warnings"]:
+        print(f"hyquant: warning: {warning}", file=sys.stderr)
+    result = run_generate(args, checked)
+    return 0 if checked["output"] is None or checked["output"].write(result) else 2
+
+
+# The line ahead of a single prompt's generated text, so that it does not read as part of the output above.
+TEXT_HEADER = "--- generated text ---"
 
 
 def add_generate_args(p) -> None:
@@ -121,7 +129,8 @@ def add_generate_args(p) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy decoding")
     p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--seed", type=seed_option, default=0, help=f"sampling seed, an integer in 0 .. 2**32 - 1 "
+                                                                 f"({MAX_SEED})")
     p.add_argument("--dtype", default="auto", choices=DTYPES,
                    help="weights and activations (auto: bfloat16 on GPU, float32 on CPU where XLA's bf16 matmuls "
                         "are slow); the KV cache is always bf16")
@@ -140,12 +149,21 @@ def add_generate_args(p) -> None:
                         "so --mesh spans every host's devices")
     p.add_argument("--json", metavar="PATH",
                    help="also write the results as one JSON record to PATH ('-': to stdout, the text then goes to "
-                        "stderr)")
+                        "stderr); the path is checked before the run and the file replaced whole at its end (if that "
+                        "write fails, the record goes to stdout)")
     p.add_argument("--no-stream", action="store_true", help="print the text when it is complete, not as it decodes")
     p.add_argument("--no-compile-cache", action="store_true",
                    help="do not keep compiled programs between runs (otherwise they are kept in $HYQUANT_CACHE_DIR "
                         "or ~/.cache/hyquant/jax, so a second run with the same shapes skips most of the compilation; "
                         "HYQUANT_COMPILE_CACHE=0 in the environment turns it off too)")
+
+
+def seed_option(text: str) -> int:
+    """--seed's type: an integer in 0 .. MAX_SEED (what `generate` takes), else argparse's one-line error."""
+    try:
+        return check_seed(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer in 0 .. 2**32 - 1 ({MAX_SEED}), got {text!r}") from None
 
 
 def compile_cache_dir() -> Path:
@@ -166,7 +184,8 @@ def enable_compile_cache(path: Path) -> None:
 
 def check_generate_args(args, config: HyQuantConfig) -> dict:
     """Everything about the options that can be checked before the model loads: ValueErrors naming the option
-    and what it accepts. Returns the prompt files' texts and the sampling config."""
+    and what it accepts. Returns the prompt files' texts, the sampling config, the JSON output (prepared) and
+    the warnings about options that have no effect."""
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.prefill_chunk < 1:
@@ -197,17 +216,12 @@ def check_generate_args(args, config: HyQuantConfig) -> dict:
             texts.append(p.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError) as e:
             raise ValueError(f"--prompt-file {path} is not a readable UTF-8 text file ({e})") from e
-    if args.json and args.json != "-":
-        out = Path(args.json)
-        if out.is_dir():
-            raise ValueError(f"--json {args.json} is a folder; give a file path (or '-' for stdout)")
-        if not out.parent.is_dir():
-            raise ValueError(f"--json {args.json}: the folder {out.parent} does not exist")
-        if not os.access(out.parent, os.W_OK):
-            raise ValueError(f"--json {args.json}: the folder {out.parent} is not writable")
     if args.model is not None and not Path(args.model).exists():
         raise ValueError(f"--model {args.model} does not exist (expected a Hugging Face folder or a .gguf file)")
-    return {"prompt_texts": texts, "sampling": sampling, "config": config}
+    output = ResultFile(args.json, "--json").prepare() if args.json else None
+    flags = {"top_k": "--top-k", "top_p": "--top-p"}
+    warnings = [f"{flags[name]} has no effect with greedy decoding (--temperature 0)" for name in sampling.ignored()]
+    return {"prompt_texts": texts, "sampling": sampling, "config": config, "output": output, "warnings": warnings}
 
 
 def environment() -> dict:
@@ -230,10 +244,10 @@ def agreement(a: list[int], b: list[int]) -> tuple[float, int | None]:
     return sum(same) / n, first
 
 
-def run_generate(args, config: HyQuantConfig, echo=print) -> dict:
-    """Implementation of `hyquant generate` (args of `add_parser`'s options); returns the JSON-able result."""
-    checked = check_generate_args(args, config)
-    sampling = checked["sampling"]
+def run_generate(args, checked: dict, echo=print) -> dict:
+    """Implementation of `hyquant generate` (args of `add_parser`'s options, `check_generate_args`' result);
+    returns the JSON-able result."""
+    sampling, config = checked["sampling"], checked["config"]
     to_stdout = args.json == "-"
     if to_stdout:  # stdout carries the JSON record alone
         echo = _to_stderr
@@ -275,13 +289,16 @@ def run_generate(args, config: HyQuantConfig, echo=print) -> dict:
         echo(f"[compiling prefill and decode for these shapes{cached} ...]", file=sys.stderr)
         on_text = None
         if stream:
+            echo(TEXT_HEADER)
             on_text = _Printer(echo)
-        out = model.generate(texts, args.max_new_tokens, sampling=sampling, attention=kind,
-                             config=config if kind == "hyquant" else None, chat=not args.raw,
-                             backend=args.backend or "auto", seed=args.seed, prefill_chunk=args.prefill_chunk,
-                             mesh=mesh, on_text=on_text)
-        if stream:
-            on_text.finish()
+        try:
+            out = model.generate(texts, args.max_new_tokens, sampling=sampling, attention=kind,
+                                 config=config if kind == "hyquant" else None, chat=not args.raw,
+                                 backend=args.backend or "auto", seed=args.seed, prefill_chunk=args.prefill_chunk,
+                                 mesh=mesh, on_text=on_text)
+        finally:
+            if stream:
+                on_text.finish()  # the streamed line ends before whatever comes next (an error, "interrupted")
         res = out.result
         generated = int(res.lengths.sum())
         kv, bf16_kv = np.array(out.kv_bytes, np.int64), np.array(out.kv_bytes_bf16, np.int64)
@@ -289,6 +306,7 @@ def run_generate(args, config: HyQuantConfig, echo=print) -> dict:
             "label": label, "texts": out.texts, "tokens": [c.tokens for c in out.completions],
             "finish_reasons": [c.finish_reason for c in out.completions],
             "compile_s": out.compile_seconds, "prefill_s": out.prefill_seconds, "decode_s": out.decode_seconds,
+            "decode_steps": out.decode_steps, "cached_tokens": res.cache_lengths.tolist(),
             "prefill_tokens_per_s": float(res.prompt_lengths.sum() / res.prefill_seconds),
             "decode_tokens_per_s": out.decode_tokens_per_s,
             "decode_ms_per_step": 1e3 * out.decode_seconds / max(out.decode_steps, 1),
@@ -297,7 +315,8 @@ def run_generate(args, config: HyQuantConfig, echo=print) -> dict:
         r = runs[kind]
         if not stream:
             for j, text in enumerate(r["texts"]):
-                echo(f"--- sequence {j} ({len(r['tokens'][j])} tokens) ---" if len(texts) > 1 else "---")
+                echo(f"--- generated text of prompt {j} ({len(r['tokens'][j])} tokens) ---" if len(texts) > 1
+                     else TEXT_HEADER)
                 echo(text.strip())
         rate = f"{r['decode_tokens_per_s']:.1f} tokens/s" if r["decode_tokens_per_s"] else "n/a"
         echo(f"--- compile {out.compile_seconds:.1f} s; prefill {int(res.prompt_lengths.sum())} tokens in "
@@ -321,10 +340,6 @@ def run_generate(args, config: HyQuantConfig, echo=print) -> dict:
         word = "greedy tokens" if sampling.greedy else "sampled tokens (same seed)"
         echo(f"\n{word} identical to the bf16 run: {100 * share:.1f}% "
              f"(first difference at token {', '.join('-' if f is None else str(f) for _, f in shares)})")
-    if args.json == "-":
-        print(json.dumps(result))
-    elif args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
     return result
 
 

@@ -17,6 +17,14 @@ from hyquant_jax import __version__
 from hyquant_jax.cli import demo, generate, scripts
 
 
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line and a pointer to --help (exit code 2), not the usage block
+    ahead of the line that matters. Its subcommands' parsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 class _DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Appends "(default: X)" to an option's help unless X is None or False (flags, options whose help already
     says what happens without them) or the help already names its default."""
@@ -28,7 +36,7 @@ class _DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hyquant", description=__doc__,
+    parser = Parser(prog="hyquant", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-V", "--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
@@ -43,12 +51,16 @@ COMMANDS = {"demo": demo, "generate": generate, "bench": scripts, "eval": script
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one `hyquant` command: its exit code (2 and a one-line error for bad input, 130 for Ctrl-C)."""
     try:
+        args = build_parser().parse_args(argv)
         return COMMANDS[args.command].run(args)
     except ValueError as e:
         print(f"hyquant: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 def _version() -> str:

@@ -1,5 +1,5 @@
 """Options that several `hyquant` commands share: the HyQuant settings, derived from `HyQuantConfig`'s fields,
-and the check of --backend against this machine.
+and the check of --backend against this machine (`api.check_backend`).
 
 Each HyQuantConfig field declares its option next to itself (`hyquant_jax.config.setting`: help text, choices,
 flag), so a new field appears on the command line without an edit here. The options default to None, so that
@@ -13,9 +13,7 @@ import argparse
 import dataclasses
 import typing
 
-import jax
-
-from hyquant_jax.backends import is_hopper
+from hyquant_jax import api
 from hyquant_jax.config import HyQuantConfig
 
 
@@ -65,10 +63,4 @@ def given_config_options(args: argparse.Namespace) -> list[str]:
 
 def check_backend(backend: str) -> None:
     """--backend triton / mosaic need the GPU they compile for: say so before anything loads."""
-    device = jax.devices()[0]
-    if backend == "triton" and device.platform != "gpu":
-        raise ValueError(f"--backend triton compiles the Pallas kernels for an NVIDIA GPU; this machine runs on "
-                         f"{device.platform} (use auto or reference, or interpret to run the kernels slowly)")
-    if backend == "mosaic" and not is_hopper(device):
-        raise ValueError(f"--backend mosaic needs a Hopper GPU (H100/H200, compute capability 9.x); this machine "
-                         f"runs on {device.device_kind} ({device.platform})")
+    api.check_backend(backend, f"--backend {backend}")

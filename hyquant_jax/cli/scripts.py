@@ -60,7 +60,14 @@ def run_script(kind: str, name: str | None, script_args: list[str]) -> int:
         raise ValueError(f"no {kind} script named {name!r}; available: {sorted(scripts)}")
     root = str(benchmarks_dir().parent)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-    return subprocess.call([sys.executable, str(scripts[name]), *script_args], cwd=root, env=env)
+    script = subprocess.Popen([sys.executable, str(scripts[name]), *script_args], cwd=root, env=env)
+    while True:
+        try:
+            return script.wait()
+        except KeyboardInterrupt:
+            # The Ctrl-C reached the script too (one process group): it stops in its own way (writes nothing
+            # half, says "interrupted", exit code 130) and its exit code is this command's.
+            continue
 
 
 def _first_doc_line(path: Path) -> str:
