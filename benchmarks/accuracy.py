@@ -1,9 +1,9 @@
 """Accuracy of HyQuant vs the paper's baselines on SmolLM2-135M: coverage, operator error, perplexity, retrieval.
 
-  python benchmarks/accuracy.py [--quick | --spec] [--sections coverage,operator,perplexity,retrieval,greedy]
+  python -m benchmarks.accuracy [--quick | --spec] [--sections coverage,operator,perplexity,retrieval,greedy]
   hyquant eval accuracy [--quick]                       (the same script)
-  python benchmarks/accuracy.py --summary-only benchmarks/results/accuracy_cpu.json
-  python benchmarks/accuracy.py --combine-retrieval PART.json... --out ALL.json   (retrieval run in pieces)
+  python -m benchmarks.accuracy --summary-only benchmarks/results/accuracy_cpu.json
+  python -m benchmarks.accuracy --combine-retrieval PART.json... --out ALL.json   (retrieval run in pieces)
 
 Every method runs through the same model code (`models.Decoder`) and the
 model-facing attention implementations, on the jnp reference path (XLA on any
@@ -50,8 +50,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
 
 
 def _data_dir() -> Path:
@@ -1147,7 +1145,7 @@ def combine_files(paths: list[Path], out: Path) -> dict:
     env["command"] = environment()["command"]
     folder = paths[0].parent
     if all(p.parent == folder for p in paths) and set(paths) == set(folder.glob("*.json")):
-        env["command"] = f"benchmarks/accuracy.py --combine-retrieval {_rel(folder)}/*.json --out {_rel(out)}"
+        env["command"] = f"python -m benchmarks.accuracy --combine-retrieval {_rel(folder)}/*.json --out {_rel(out)}"
     result = {"env": env, "out": _rel(out), "quick": False, "sections": ["retrieval"], "model": results[0]["model"],
               "data": results[0]["data"], "sizes": dataclasses.asdict(sizes), "spec": dataclasses.asdict(SPEC),
               "reduced": [r for r in reductions(sizes) if section_of(r.split(":")[0]) == "retrieval"],

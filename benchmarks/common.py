@@ -19,18 +19,50 @@ from jax import lax
 
 from hyquant_jax.cli.output import ResultFile
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
+
 
 def environment() -> dict:
+    """The run's record: device, versions, date, command line and XLA flags."""
     dev = jax.devices()[0]
+    return {"device": dev.device_kind, "platform": dev.platform, **host_environment()}
+
+
+def host_environment(module: str | None = None, argv: list[str] | None = None) -> dict:
+    """`environment` without the device (a process that must not initialise one leaves device and platform to
+    its workers); module and argv as in `command_line`."""
     return {
-        "device": dev.device_kind,
-        "platform": dev.platform,
         "jax": jax.__version__,
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0])] + sys.argv[1:]),
+        "command": command_line(module, argv),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
+
+
+def command_line(module: str | None = None, argv: list[str] | None = None) -> str:
+    """The command that runs this benchmark again, e.g. `python -m benchmarks.e2e --smoke`: module (default: the
+    running `__main__`'s, or its file when it runs as a script) and argv (default: sys.argv[1:])."""
+    argv = sys.argv[1:] if argv is None else argv
+    if module is None:
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        module = spec.name.removesuffix(".__main__") if spec is not None else None
+    head = ["python", "-m", module] if module else [os.path.relpath(sys.argv[0])]
+    return " ".join(shlex.quote(a) for a in head + list(argv))
+
+
+def module_command(module: str, *args: str) -> list[str]:
+    """The argv that runs `module` (e.g. "benchmarks.e2e") in a fresh interpreter with args; run it with
+    `module_env`'s environment."""
+    return [sys.executable, "-m", module, *args]
+
+
+def module_env(env: dict | None = None) -> dict:
+    """env (default: os.environ) with the repository root first on PYTHONPATH, so a `module_command` finds the
+    benchmarks package whatever the working folder."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    return env
 
 
 def device_slug(devices=None) -> str:
@@ -57,7 +89,7 @@ def default_name(benchmark: str, devices=None) -> str:
     return f"{benchmark}_{device_slug(devices)}"
 
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
 
 
 def output_folder(out: str | None, smoke: bool = False) -> str:

@@ -11,7 +11,7 @@ Times: per call inside a jitted fori_loop (`loop_ms`) and per call from Python
 (`call_ms`). Bandwidth = bytes the method must read / loop time.
 
 Run on the GPU box from the repo root:
-  PYTHONPATH=. python benchmarks/decode_kernel.py --out $OUT [--sweep] [--split-sweep 8,16,32] [--graph-compare]
+  python -m benchmarks.decode_kernel --out $OUT [--sweep] [--split-sweep 8,16,32] [--graph-compare]
 """
 
 from __future__ import annotations
@@ -22,37 +22,36 @@ import math
 import os
 import re
 import subprocess
-import sys
 import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import hyquant_jax as hq  # noqa: E402
-from benchmarks.common import (  # noqa: E402
+import hyquant_jax as hq
+from benchmarks.common import (
     default_name,
     environment,
+    module_command,
+    module_env,
     output_folder,
     run_script,
     time_in_loop,
     time_per_call,
     write_json,
 )
-from benchmarks.read_bandwidth import read_bandwidth  # noqa: E402
-from hyquant_jax import quant  # noqa: E402
-from hyquant_jax.decode_launch import DecodeTuning, decode_layout, plan  # noqa: E402
-from hyquant_jax.decode_launch import decode_attention as kernel_decode  # noqa: E402
-from hyquant_jax.reference import hybrid_decode_attention_reference  # noqa: E402
+from benchmarks.read_bandwidth import read_bandwidth
+from hyquant_jax import quant
+from hyquant_jax.decode_launch import DecodeTuning, decode_layout, plan
+from hyquant_jax.decode_launch import decode_attention as kernel_decode
+from hyquant_jax.reference import hybrid_decode_attention_reference
 
 # JAX's own Pallas Triton decode kernel, the `pallas` baseline: deprecated in jax 0.11.1, removed in 0.12.1, where
 # the baseline reports an error and the other methods run.
 try:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        from jax.experimental.pallas.ops.gpu import decode_attention as pallas_decode  # noqa: E402
+        from jax.experimental.pallas.ops.gpu import decode_attention as pallas_decode
 except ImportError:
     pallas_decode = None
 
@@ -478,10 +477,10 @@ def main(argv=None):
         # Triton custom calls are captured into command buffers (CUDA graphs) by default since openxla/xla#30765.
         # So the comparison runs the same cases with command buffers switched off.
         env_vars = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer="))
-        sub = [sys.executable, __file__, "--out", args.out, "--name", args.name + "_no_cmdbuf",
-               "--cases", "B1 1K,B1 4K,B1 32K", "--reps", str(args.reps)]
+        sub = module_command("benchmarks.decode_kernel", "--out", args.out, "--name", args.name + "_no_cmdbuf",
+                             "--cases", "B1 1K,B1 4K,B1 32K", "--reps", str(args.reps))
         log("command-buffer compare: XLA_FLAGS=--xla_gpu_enable_command_buffer= " + " ".join(sub))
-        subprocess.run(sub, env=env_vars, check=False)
+        subprocess.run(sub, env=module_env(env_vars), check=False)
         import json
         try:
             with open(os.path.join(args.out, args.name + "_no_cmdbuf.json")) as f:

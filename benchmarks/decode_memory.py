@@ -7,8 +7,8 @@ a weight copy or slice hoisted out of the decode loop shows there, which separat
 from the rest of the process. It also lists the `copy` instructions of the loops' bodies by shape and the
 launches of each body (a per-step copy of a small counter shows there as a `copy` of shape s32[...]).
 
-  PYTHONPATH=. python benchmarks/decode_memory.py --method hyquant --prefix 32768 --out $OUT
-  CPU check: PYTHONPATH=. python benchmarks/decode_memory.py --layers 2 --prefix 1024 --out /tmp/mem
+  python -m benchmarks.decode_memory --method hyquant --prefix 32768 --out $OUT
+  CPU check: python -m benchmarks.decode_memory --layers 2 --prefix 1024 --out /tmp/mem
 """
 
 from __future__ import annotations

@@ -47,20 +47,20 @@ memory is the largest over the mesh's devices.
 
 Writes OUT/e2e_<device>.json and .png (--name changes the stem; OUT is benchmarks/results by default).
 Run on the GPU box from the repository root (the package need not be installed):
-  PYTHONPATH=. python benchmarks/e2e.py --out benchmarks/results
+  python -m benchmarks.e2e --out benchmarks/results
 Every decode config compiles the 36-layer decode loop once (tens of seconds),
 so the whole default sweep takes well over 10 minutes; split it with
 --sections / --methods / --prefixes / --batches, e.g. a short run:
-  PYTHONPATH=. python benchmarks/e2e.py --out $OUT --name part1 --sections b1,prefill --prefixes 1024,32768 \\
+  python -m benchmarks.e2e --out $OUT --name part1 --sections b1,prefill --prefixes 1024,32768 \\
       --prefill-prefixes 32768 --steps 32 --reps 2
-  PYTHONPATH=. python benchmarks/e2e.py --out $OUT --name part2 --sections batch --batches 1,16,32 \\
+  python -m benchmarks.e2e --out $OUT --name part2 --sections batch --batches 1,16,32 \\
       --no-until-oom --steps 16 --reps 2
 then merge the parts (here, on any machine):
-  python benchmarks/e2e.py --out benchmarks/results --combine part1.json part2.json
+  python -m benchmarks.e2e --out benchmarks/results --combine part1.json part2.json
 Qwen3-32B shape (64 layers, hidden 5120, 64/8 heads, FFN 25600) on 2 GPUs, e.g.:
-  PYTHONPATH=. python benchmarks/e2e.py --out $OUT --name q32_tp2_b1 --model qwen3-32b --mesh data=1,model=2 \
+  python -m benchmarks.e2e --out $OUT --name q32_tp2_b1 --model qwen3-32b --mesh data=1,model=2 \
       --sections b1 --prefixes 32768 --methods bf16,hyquant --steps 32 --reps 2
-CPU check that the script works: python benchmarks/e2e.py --smoke --out /tmp/e2e
+CPU check that the script works: python -m benchmarks.e2e --smoke --out /tmp/e2e
 (add --mesh data=2,model=2: the smoke run then asks XLA for 4 virtual CPU devices)
 """
 
@@ -76,8 +76,6 @@ import subprocess
 import sys
 import tempfile
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 QWEN3_8B = dict(architecture="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_layers=36,
                 num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6, qk_norm=True,
@@ -554,7 +552,7 @@ def main(argv=None) -> None:
     if args.worker:
         run_worker(args.worker)
         return
-    from benchmarks.common import output_folder, write_json
+    from benchmarks.common import ROOT, module_command, output_folder, write_json
 
     args.out = output_folder(args.out, args.smoke)
     if args.combine:
@@ -573,8 +571,6 @@ def main(argv=None) -> None:
         if args.smoke:  # CPU check: enough virtual host devices for the mesh
             count = mesh_shape["data"] * mesh_shape["model"]
             env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={count}".strip()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     config = _model(args)
     _, hq = _attention(args, "hyquant")
     results = {"environment": _host_environment(argv), "model": dataclasses.asdict(config),
@@ -596,7 +592,7 @@ def main(argv=None) -> None:
                                "device_out": device_out}, f)
                 print(f"== {section} / {method}", flush=True)
                 t0 = time.perf_counter()
-                rc = subprocess.call([sys.executable, os.path.abspath(__file__), "--worker", spec], env=env, cwd=root)
+                rc = subprocess.call(module_command("benchmarks.e2e", "--worker", spec), env=env, cwd=ROOT)
                 rows = json.load(open(out)) if os.path.exists(out) else []
                 if os.path.exists(device_out):
                     results["environment"].update(json.load(open(device_out)))
@@ -629,7 +625,10 @@ def worker_env(args) -> dict:
     Across calls (a fresh machine) the picks may differ: one call took cuBLAS for the MLP's gate/up projections,
     another the Triton GEMM, and the step time moved with the pick.
     """
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="true", XLA_PYTHON_CLIENT_MEM_FRACTION=args.mem_fraction)
+    from benchmarks.common import module_env
+
+    env = module_env(dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="true",
+                          XLA_PYTHON_CLIENT_MEM_FRACTION=args.mem_fraction))
     env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "hyquant_e2e_jax_cache"))
     return env
 
@@ -648,16 +647,9 @@ def _chunk_impl_run(attention, config, slots: int) -> str:
 
 
 def _host_environment(argv) -> dict:
-    import datetime
-    import platform
-    import shlex
+    from benchmarks.common import host_environment  # jax's version only: no backend is initialised here
 
-    import jax  # the version only: no backend is initialised here
-
-    return {"device": None, "platform": None, "jax": jax.__version__, "python": platform.python_version(),
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "command": " ".join(shlex.quote(a) for a in ["benchmarks/e2e.py"] + argv),
-            "xla_flags": os.environ.get("XLA_FLAGS", "")}
+    return {"device": None, "platform": None, **host_environment("benchmarks.e2e", argv)}
 
 
 def _default_name(results) -> str:

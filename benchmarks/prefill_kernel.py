@@ -50,9 +50,9 @@ small block_q / block_k / num_warps / num_stages sweep at one length, whose
 best setting is used for all kernel variants.
 
 On a GPU, from the repo root (writes benchmarks/results/prefill_kernel_<device>.json and .png):
-  PYTHONPATH=. python benchmarks/prefill_kernel.py
+  python -m benchmarks.prefill_kernel
 CPU check that the script runs (interpret mode, tiny shapes, into a temporary folder):
-  PYTHONPATH=. python benchmarks/prefill_kernel.py --smoke
+  python -m benchmarks.prefill_kernel --smoke
 """
 
 from __future__ import annotations
@@ -61,34 +61,31 @@ import argparse
 import math
 import os
 import statistics
-import sys
 import time
 import traceback
 import warnings
 from functools import partial
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax import lax  # noqa: E402
-
-from benchmarks.common import default_name, environment, output_folder, run_script, write_json  # noqa: E402
-from benchmarks.trace import breakdown, profiled  # noqa: E402
-from hyquant_jax import prefill_launch as pk  # noqa: E402
-from hyquant_jax import reference, vti  # noqa: E402
+from benchmarks.common import default_name, environment, output_folder, run_script, write_json
+from benchmarks.trace import breakdown, profiled
+from hyquant_jax import prefill_launch as pk
+from hyquant_jax import reference, vti
 from hyquant_jax.attention import prefill_attention
-from hyquant_jax.config import HyQuantConfig  # noqa: E402
-from hyquant_jax.prefill_launch import PrefillTuning  # noqa: E402
-from pallas_kernels import prefill_mgpu as mgpu  # noqa: E402
+from hyquant_jax.config import HyQuantConfig
+from hyquant_jax.prefill_launch import PrefillTuning
+from pallas_kernels import prefill_mgpu as mgpu
 
 # JAX's own Pallas Triton attention, the `pallas_mha_bf16` baseline: deprecated in jax 0.11.1, removed in 0.12.1,
 # where the baseline reports an error and the other methods run.
 try:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        from jax.experimental.pallas.ops.gpu import attention as pallas_attention  # noqa: E402
+        from jax.experimental.pallas.ops.gpu import attention as pallas_attention
 except ImportError:
     pallas_attention = None
 

@@ -7,11 +7,11 @@ per kernel name it reports launches and microseconds per decode call, plus the
 share of the loop's span during which no kernel ran (launch gaps). It answers
 where the fixed cost of a short-context hybrid decode call goes (kernel,
 merge, the XLA work around them, gaps). Writes OUT/NAME.json:
-  PYTHONPATH=. python benchmarks/profile_decode.py --trace "B1 1K,B1 4K,B1 32K,smollm2" --out $OUT
+  python -m benchmarks.profile_decode --trace "B1 1K,B1 4K,B1 32K,smollm2" --out $OUT
 
 Without --trace it only runs the decode kernel a few times on one shape, for ncu to capture:
-  PYTHONPATH=. ncu --clock-control none -k regex:hyquant_decode --launch-skip 2 --launch-count 1 \\
-      --section SpeedOfLight ... python benchmarks/profile_decode.py --batch 16 --context 32768
+  ncu --clock-control none -k regex:hyquant_decode --launch-skip 2 --launch-count 1 \\
+      --section SpeedOfLight ... python -m benchmarks.profile_decode --batch 16 --context 32768
 """
 
 from __future__ import annotations
@@ -19,14 +19,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import sys
 
 import jax
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks.common import check_out, environment, jitted_loop, run_script, write_json  # noqa: E402
-from benchmarks.decode_kernel import (  # noqa: E402
+from benchmarks.common import check_out, environment, jitted_loop, run_script, write_json
+from benchmarks.decode_kernel import (
     CASES,
     CONFIG,
     INTERPRET,
@@ -36,8 +33,8 @@ from benchmarks.decode_kernel import (  # noqa: E402
     make_inputs,
     xla_attention,
 )
-from benchmarks.trace import breakdown, profiled  # noqa: E402
-from hyquant_jax.decode_launch import DecodeTuning, decode_attention, decode_layout  # noqa: E402
+from benchmarks.trace import breakdown, profiled
+from hyquant_jax.decode_launch import DecodeTuning, decode_attention, decode_layout
 
 
 def trace_loop(fn, q, operands, iters: int, top: int) -> dict:

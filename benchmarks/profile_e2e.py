@@ -8,8 +8,8 @@ loop's wall time during which no kernel ran (launch gaps). `--sections
 prefill` does the same for one whole-prompt prefill (+ Freeze) of B = 1
 prompt: the "per step" fields are then per prefill call. Writes
 OUT/NAME.json. On the GPU box, from the repository root:
-  PYTHONPATH=. python benchmarks/profile_e2e.py --out $OUT --methods bf16,hyquant --prefixes 1024,32768
-  PYTHONPATH=. python benchmarks/profile_e2e.py --out $OUT --sections prefill --prefixes 4096 \
+  python -m benchmarks.profile_e2e --out $OUT --methods bf16,hyquant --prefixes 1024,32768
+  python -m benchmarks.profile_e2e --out $OUT --sections prefill --prefixes 4096 \
       --prefill-backend mosaic --prefill-block 128
 """
 
@@ -19,13 +19,10 @@ import argparse
 import gzip
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks import e2e  # noqa: E402
-from benchmarks.common import check_out, run_script, write_json  # noqa: E402
-from benchmarks.trace import breakdown, profiled  # noqa: E402
+from benchmarks import e2e
+from benchmarks.common import check_out, environment, run_script, write_json
+from benchmarks.trace import breakdown, profiled
 
 
 def profile_config(args, model, attention, method, prefix, batch) -> dict:
@@ -136,8 +133,7 @@ def main():
                               + (["--smoke"] if args.smoke else []))
     config = e2e._model(e2e_args)
     model = init_model(jax.random.PRNGKey(0), config, jnp.bfloat16)
-    results = {"environment": {"jax": jax.__version__, "device": jax.devices()[0].device_kind,
-                               "command": " ".join(sys.argv)}, "model": args.model,
+    results = {"environment": environment(), "model": args.model,
                "layer_kernels": args.layer_kernels, "configs": []}
     sections = args.sections.split(",")
     for method in args.methods.split(","):

@@ -12,21 +12,18 @@ TB/s = array bytes / seconds per call (the small q and outputs are not counted);
 One XLA sum of the whole array to a scalar, timed from Python, varied widely from run to run and stayed below
 what cuDNN's decode kernel moves, so it is no yardstick.
 
-  python benchmarks/read_bandwidth.py --out benchmarks/results   # writes read_bandwidth_h200.json
+  python -m benchmarks.read_bandwidth --out benchmarks/results   # writes read_bandwidth_h200.json
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks.common import (  # noqa: E402
+from benchmarks.common import (
     add_output_sum,
     default_name,
     environment,
