@@ -131,29 +131,31 @@ def jitted_loop(fn, iters: int, feedback=add_output, compiler_options: dict | No
     return loop
 
 
+def timed(fn, *args):
+    """(fn(*args), wall seconds until every array of the result is ready): one call, timed from Python."""
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(fn(*args))
+    return out, time.perf_counter() - t0
+
+
+def call_seconds(fn, *args, reps: int) -> list[float]:
+    """Wall seconds of `reps` calls of fn(*args), one after another (`timed`); the outputs are dropped."""
+    return [timed(fn, *args)[1] for _ in range(reps)]
+
+
 def time_in_loop(fn, q, operands, iters: int, reps: int = 5, feedback=add_output,
                  compiler_options: dict | None = None) -> float:
     """Median seconds per call of fn(q, *operands) inside `jitted_loop` (dispatch gaps are excluded)."""
     loop = jitted_loop(fn, iters, feedback, compiler_options)
-    loop(q, operands).block_until_ready()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        loop(q, operands).block_until_ready()
-        times.append((time.perf_counter() - t0) / iters)
-    return statistics.median(times)
+    timed(loop, q, operands)
+    return statistics.median(call_seconds(loop, q, operands, reps=reps)) / iters
 
 
 def time_per_call(fn, q, operands, reps: int = 30) -> float:
     """Median seconds of one jitted call from Python, with block_until_ready."""
     jitted = jax.jit(fn)
-    jitted(q, *operands).block_until_ready()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jitted(q, *operands).block_until_ready()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    timed(jitted, q, *operands)
+    return statistics.median(call_seconds(jitted, q, *operands, reps=reps))
 
 
 def write_json(path: str, payload: dict, indent: int = 2, default=None) -> bool:

@@ -77,16 +77,8 @@ import sys
 import tempfile
 import time
 
-QWEN3_8B = dict(architecture="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_layers=36,
-                num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6, qk_norm=True,
-                tie_embeddings=False, max_position=262144)
-QWEN3_32B = dict(architecture="qwen3", vocab_size=151936, hidden_size=5120, intermediate_size=25600, num_layers=64,
-                 num_heads=64, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6, qk_norm=True,
-                 tie_embeddings=False, max_position=262144)
-MODELS = {"qwen3-8b": QWEN3_8B, "qwen3-32b": QWEN3_32B}
-SMOKE = dict(architecture="qwen3", vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=2,
-             num_heads=4, num_kv_heads=2, head_dim=64, rms_norm_eps=1e-6, rope_theta=1e6, qk_norm=True,
-             tie_embeddings=False, max_position=65536)
+from benchmarks.cases import MODELS, SMOKE_MODEL
+
 METHODS = ("bf16", "hyquant", "kivi4", "kivi2", "uniform4")
 
 
@@ -203,7 +195,7 @@ def parse_args(argv=None):
 def _model(args):
     from models import ModelConfig
 
-    shape = dict(SMOKE if args.smoke else MODELS[args.model])
+    shape = dict(SMOKE_MODEL if args.smoke else MODELS[args.model])
     if args.layers:
         shape["num_layers"] = args.layers
     return ModelConfig(**shape)

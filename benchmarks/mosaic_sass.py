@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 
+from benchmarks.cases import QWEN3_8B_HEADS
 from benchmarks.common import ROOT, check_out, module_env, write_json
 
 TOOLS = os.path.join(ROOT, ".offline_cuda")
@@ -119,8 +120,9 @@ def _lower(kernel: str, module_path: str | None = None):
         from hyquant_jax.prefill_launch import PrefillTuning
         from pallas_kernels.prefill_mgpu import argument_shapes, hybrid_prefill_mgpu
 
-        args = argument_shapes(1, 32, 8, 4096, 256, 128)  # Qwen3-8B heads at 4K tokens, as the lowering tests
-        fn = jax.jit(lambda *a: hybrid_prefill_mgpu(*a, scale=128 ** -0.5, **PrefillTuning().mosaic()))
+        heads, kv_heads, head_dim = QWEN3_8B_HEADS
+        args = argument_shapes(1, heads, kv_heads, 4096, 256, head_dim)  # 4K tokens, as the lowering tests
+        fn = jax.jit(lambda *a: hybrid_prefill_mgpu(*a, scale=head_dim ** -0.5, **PrefillTuning().mosaic()))
     else:
         raise ValueError(f"kernel must be 'decode' or 'prefill', got {kernel!r}")
     before = set(core.KNOWN_KERNELS)

@@ -71,7 +71,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from benchmarks.common import default_name, environment, output_folder, run_script, write_json
+from benchmarks.cases import QWEN3_8B_HEADS
+from benchmarks.common import (
+    call_seconds,
+    default_name,
+    environment,
+    output_folder,
+    run_script,
+    timed,
+    write_json,
+)
 from benchmarks.trace import breakdown, profiled
 from hyquant_jax import prefill_launch as pk
 from hyquant_jax import reference, vti
@@ -196,28 +205,18 @@ def bench(fn, arrays, reps, min_loop_s=0.1, max_iters=50, trace_into: dict | Non
     """
     arrays = tuple(arrays)
     loop = make_loop(fn, arrays)
-    one, t0 = jnp.int32(1), time.perf_counter()
-    _, first = jax.block_until_ready(loop(one, arrays))
-    compile_s = time.perf_counter() - t0
-    jax.block_until_ready(loop(one, arrays))
-    calls = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(loop(one, arrays))
-        calls.append(time.perf_counter() - t0)
-    call = statistics.median(calls)
+    one = jnp.int32(1)
+    (_, first), compile_s = timed(loop, one, arrays)
+    timed(loop, one, arrays)
+    call = statistics.median(call_seconds(loop, one, arrays, reps=reps))
     iters = int(min(max_iters, max(3, math.ceil(min_loop_s / max(call, 1e-6)))))
     n = jnp.int32(iters)
-    jax.block_until_ready(loop(n, arrays))
-    loops = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(loop(n, arrays))
-        loops.append((time.perf_counter() - t0) / iters)
+    timed(loop, n, arrays)
+    loop_s = statistics.median(call_seconds(loop, n, arrays, reps=reps)) / iters
     if trace_into is not None:
         _, _, events = profiled(lambda: jax.block_until_ready(loop(one, arrays)))
         trace_into.update(breakdown(events, 1, TRACE_TOP))
-    return statistics.median(loops) * 1e3, call * 1e3, iters, compile_s, first
+    return loop_s * 1e3, call * 1e3, iters, compile_s, first
 
 
 # ----------------------------------------------------------------------------- methods
@@ -673,7 +672,7 @@ def main(argv=None):
     json_path = os.path.join(args.out, args.name + ".json")
 
     interpret = args.smoke or jax.default_backend() != "gpu"
-    b, hq, hkv, d = (1, 4, 2, 64) if args.smoke else (1, 32, 8, 128)
+    b, (hq, hkv, d) = 1, ((4, 2, 64) if args.smoke else QWEN3_8B_HEADS)
     lengths = [256] if args.smoke else args.lengths
     reps = 2 if args.smoke else args.reps
     have_cudnn = jax.default_backend() == "gpu"

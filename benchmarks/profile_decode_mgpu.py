@@ -79,12 +79,13 @@ def profile_case(batch: int, context: int, out_dir: str) -> dict:
     import jax
     import numpy as np
 
-    from benchmarks.decode_kernel import CONFIG, make_inputs
+    from benchmarks.cases import DECODE_CONFIG, QWEN3_8B_HEADS
+    from benchmarks.decode_kernel import make_inputs
     from hyquant_jax import decode_launch
     from hyquant_jax.backends import multiprocessor_count
     from pallas_kernels import decode_mgpu as dm
 
-    inp = make_inputs(batch, 32, 8, 128, context, CONFIG)
+    inp = make_inputs(batch, *QWEN3_8B_HEADS, context, DECODE_CONFIG)
     c = inp.cache
     b, h = c.batch, c.num_kv_heads
     q = dm.kernel_query(decode_launch.query_groups(inp.q, h, 1.0 / np.sqrt(128.0)))

@@ -23,6 +23,7 @@ import os
 import jax
 import jax.numpy as jnp
 
+from benchmarks.cases import QWEN3_8B
 from benchmarks.common import (
     add_output_sum,
     default_name,
@@ -37,7 +38,7 @@ FORMS = ("rows", "gemv", "gemv_wide")
 
 
 def _operands(form: str, nbytes: int):
-    width = 4096 if form == "gemv_wide" else 8192
+    width = QWEN3_8B["hidden_size"] if form == "gemv_wide" else 8192
     n = max(1, nbytes // (2 * width))
     shape = (n, width) if form == "rows" else (width, n)
     x = jax.random.normal(jax.random.PRNGKey(0), shape, jnp.bfloat16)

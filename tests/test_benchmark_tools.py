@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from benchmarks.decode_kernel import CASES, parse_tunings, select_cases
+from benchmarks.cases import DECODE_CASES
+from benchmarks.decode_kernel import parse_tunings, select_cases
 from benchmarks.prefill_kernel import summarize
 from benchmarks.report import e2e_prefill_table, prefill_table
 from hyquant_jax.decode_launch import DecodeTuning
@@ -27,10 +28,10 @@ def test_parse_tunings_mosaic_splits():
 
 
 def test_select_cases_by_name_and_by_shape():
-    assert select_cases("") == CASES
+    assert select_cases("") == DECODE_CASES
     assert [c[0] for c in select_cases("B1 1K,B16")] == ["qwen3-8b B1 1K", "qwen3-8b B16 32K"]
     assert select_cases("B1 32K,B25 32K")[1] == ("qwen3-8b B25 32K", 25, 32, 8, 128, 32768)
-    assert select_cases("B16 32K") == [c for c in CASES if c[0] == "qwen3-8b B16 32K"]  # a known case wins
+    assert select_cases("B16 32K") == [c for c in DECODE_CASES if c[0] == "qwen3-8b B16 32K"]  # a known case wins
     for bad in ("B25", "B0 32K", "llama B1"):
         with pytest.raises(ValueError, match="--cases"):
             select_cases(bad)
