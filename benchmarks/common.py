@@ -131,10 +131,12 @@ def jitted_loop(fn, iters: int, feedback=add_output, compiler_options: dict | No
     return loop
 
 
-def timed(fn, *args):
-    """(fn(*args), wall seconds until every array of the result is ready): one call, timed from Python."""
+def timed(fn, *args, ready=None):
+    """(fn(*args), wall seconds until the result is ready): one call, timed from Python. ready(result): the part
+    to wait for (default: all of it; a loop that returns many arrays from one program can wait for one)."""
     t0 = time.perf_counter()
-    out = jax.block_until_ready(fn(*args))
+    out = fn(*args)
+    jax.block_until_ready(out if ready is None else ready(out))
     return out, time.perf_counter() - t0
 
 
