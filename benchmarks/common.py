@@ -12,6 +12,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -158,6 +159,18 @@ def time_per_call(fn, q, operands, reps: int = 30) -> float:
     jitted = jax.jit(fn)
     timed(jitted, q, *operands)
     return statistics.median(call_seconds(jitted, q, *operands, reps=reps))
+
+
+def pallas_triton_op(name: str):
+    """JAX's own Pallas Triton op `jax.experimental.pallas.ops.gpu.<name>` (a baseline), imported without its
+    deprecation warning (deprecated in jax 0.11.1); None where jax no longer has it (removed in 0.12.1): the
+    baseline then reports an error and the other methods run."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return importlib.import_module(f"jax.experimental.pallas.ops.gpu.{name}")
+    except ImportError:
+        return None
 
 
 def write_json(path: str, payload: dict, indent: int = 2, default=None) -> bool:

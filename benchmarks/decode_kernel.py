@@ -22,7 +22,6 @@ import math
 import os
 import re
 import subprocess
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +35,7 @@ from benchmarks.common import (
     module_command,
     module_env,
     output_folder,
+    pallas_triton_op,
     run_script,
     time_in_loop,
     time_per_call,
@@ -47,14 +47,7 @@ from hyquant_jax.decode_launch import DecodeTuning, decode_layout, plan
 from hyquant_jax.decode_launch import decode_attention as kernel_decode
 from hyquant_jax.reference import hybrid_decode_attention_reference
 
-# JAX's own Pallas Triton decode kernel, the `pallas` baseline: deprecated in jax 0.11.1, removed in 0.12.1, where
-# the baseline reports an error and the other methods run.
-try:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from jax.experimental.pallas.ops.gpu import decode_attention as pallas_decode
-except ImportError:
-    pallas_decode = None
+pallas_decode = pallas_triton_op("decode_attention")  # JAX's Pallas Triton decode kernel, the `pallas` baseline
 
 
 

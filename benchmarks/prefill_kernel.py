@@ -63,7 +63,6 @@ import os
 import statistics
 import time
 import traceback
-import warnings
 from functools import partial
 
 import jax
@@ -77,6 +76,7 @@ from benchmarks.common import (
     default_name,
     environment,
     output_folder,
+    pallas_triton_op,
     run_script,
     timed,
     write_json,
@@ -89,14 +89,7 @@ from hyquant_jax.config import HyQuantConfig
 from hyquant_jax.prefill_launch import PrefillTuning
 from pallas_kernels import prefill_mgpu as mgpu
 
-# JAX's own Pallas Triton attention, the `pallas_mha_bf16` baseline: deprecated in jax 0.11.1, removed in 0.12.1,
-# where the baseline reports an error and the other methods run.
-try:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from jax.experimental.pallas.ops.gpu import attention as pallas_attention
-except ImportError:
-    pallas_attention = None
+pallas_attention = pallas_triton_op("attention")  # JAX's Pallas Triton attention, the `pallas_mha_bf16` baseline
 
 TRACE_TOP = 20  # kernels listed per traced method
 # prefill_block 128 so that kernel block_q 64 and 128 have the same semantics (sweep).
