@@ -415,7 +415,7 @@ def results_page(results: str = RESULTS) -> str:
                 "layers is the steadier comparison.")
         for dev, path in files["ab"].items():
             out += [ab_table(_load(path)), ""]
-    from benchmarks.accuracy import summary_markdown
+    from benchmarks.accuracy.summary import summary_markdown
 
     for key in ("accuracy", "accuracy_retrieval"):
         for dev, path in files.get(key, {}).items():
