@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks._accuracy_tasks import Haystack, insert_needles
+from benchmarks.accuracy.tasks import Haystack, insert_needles
 
 TASKS = ("niah_single", "niah_multikey_words", "niah_multikey_uuids", "niah_multivalue", "niah_multiquery", "vt",
          "cwe", "copy_span")

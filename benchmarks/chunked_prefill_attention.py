@@ -20,22 +20,19 @@ Reports seconds for the whole prompt (one layer; median of --reps timed calls af
 the key slots each way reads, summed over chunks (for the kernel, whose query blocks stop at their own last
 position, an upper bound). A launch of the sweep that fails records its error and the run goes on.
 
-  PYTHONPATH=. python benchmarks/chunked_prefill_attention.py --triton --out benchmarks/results
+  python -m benchmarks.chunked_prefill_attention --triton --out benchmarks/results
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 from functools import partial
 
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks.common import (  # noqa: E402
+from benchmarks.common import (
     add_output_sum,
     default_name,
     environment,
@@ -45,9 +42,9 @@ from benchmarks.common import (  # noqa: E402
     time_in_loop,
     write_json,
 )
-from models.attention import KEY_BLOCK, prefix_attention  # noqa: E402
-from pallas_kernels.prefix import key_tile  # noqa: E402
-from pallas_kernels.prefix import prefix_attention as fused_prefix_attention  # noqa: E402
+from models.attention import KEY_BLOCK, prefix_attention
+from pallas_kernels.prefix import key_tile
+from pallas_kernels.prefix import prefix_attention as fused_prefix_attention
 
 
 def prompt_attention(q, k, v, chunk: int, attend):

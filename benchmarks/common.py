@@ -12,6 +12,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -19,18 +20,50 @@ from jax import lax
 
 from hyquant_jax.cli.output import ResultFile
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
+
 
 def environment() -> dict:
+    """The run's record: device, versions, date, command line and XLA flags."""
     dev = jax.devices()[0]
+    return {"device": dev.device_kind, "platform": dev.platform, **host_environment()}
+
+
+def host_environment(module: str | None = None, argv: list[str] | None = None) -> dict:
+    """`environment` without the device (a process that must not initialise one leaves device and platform to
+    its workers); module and argv as in `command_line`."""
     return {
-        "device": dev.device_kind,
-        "platform": dev.platform,
         "jax": jax.__version__,
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0])] + sys.argv[1:]),
+        "command": command_line(module, argv),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
+
+
+def command_line(module: str | None = None, argv: list[str] | None = None) -> str:
+    """The command that runs this benchmark again, e.g. `python -m benchmarks.e2e --smoke`: module (default: the
+    running `__main__`'s, or its file when it runs as a script) and argv (default: sys.argv[1:])."""
+    argv = sys.argv[1:] if argv is None else argv
+    if module is None:
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        module = spec.name.removesuffix(".__main__") if spec is not None else None
+    head = ["python", "-m", module] if module else [os.path.relpath(sys.argv[0])]
+    return " ".join(shlex.quote(a) for a in head + list(argv))
+
+
+def module_command(module: str, *args: str) -> list[str]:
+    """The argv that runs `module` (e.g. "benchmarks.e2e") in a fresh interpreter with args; run it with
+    `module_env`'s environment."""
+    return [sys.executable, "-m", module, *args]
+
+
+def module_env(env: dict | None = None) -> dict:
+    """env (default: os.environ) with the repository root first on PYTHONPATH, so a `module_command` finds the
+    benchmarks package whatever the working folder."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    return env
 
 
 def device_slug(devices=None) -> str:
@@ -57,7 +90,7 @@ def default_name(benchmark: str, devices=None) -> str:
     return f"{benchmark}_{device_slug(devices)}"
 
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
 
 
 def output_folder(out: str | None, smoke: bool = False) -> str:
@@ -99,29 +132,45 @@ def jitted_loop(fn, iters: int, feedback=add_output, compiler_options: dict | No
     return loop
 
 
+def timed(fn, *args, ready=None):
+    """(fn(*args), wall seconds until the result is ready): one call, timed from Python. ready(result): the part
+    to wait for (default: all of it; a loop that returns many arrays from one program can wait for one)."""
+    t0 = time.perf_counter()
+    out = fn(*args)
+    jax.block_until_ready(out if ready is None else ready(out))
+    return out, time.perf_counter() - t0
+
+
+def call_seconds(fn, *args, reps: int) -> list[float]:
+    """Wall seconds of `reps` calls of fn(*args), one after another (`timed`); the outputs are dropped."""
+    return [timed(fn, *args)[1] for _ in range(reps)]
+
+
 def time_in_loop(fn, q, operands, iters: int, reps: int = 5, feedback=add_output,
                  compiler_options: dict | None = None) -> float:
     """Median seconds per call of fn(q, *operands) inside `jitted_loop` (dispatch gaps are excluded)."""
     loop = jitted_loop(fn, iters, feedback, compiler_options)
-    loop(q, operands).block_until_ready()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        loop(q, operands).block_until_ready()
-        times.append((time.perf_counter() - t0) / iters)
-    return statistics.median(times)
+    timed(loop, q, operands)
+    return statistics.median(call_seconds(loop, q, operands, reps=reps)) / iters
 
 
 def time_per_call(fn, q, operands, reps: int = 30) -> float:
     """Median seconds of one jitted call from Python, with block_until_ready."""
     jitted = jax.jit(fn)
-    jitted(q, *operands).block_until_ready()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jitted(q, *operands).block_until_ready()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    timed(jitted, q, *operands)
+    return statistics.median(call_seconds(jitted, q, *operands, reps=reps))
+
+
+def pallas_triton_op(name: str):
+    """JAX's own Pallas Triton op `jax.experimental.pallas.ops.gpu.<name>` (a baseline), imported without its
+    deprecation warning (deprecated in jax 0.11.1); None where jax no longer has it (removed in 0.12.1): the
+    baseline then reports an error and the other methods run."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return importlib.import_module(f"jax.experimental.pallas.ops.gpu.{name}")
+    except ImportError:
+        return None
 
 
 def write_json(path: str, payload: dict, indent: int = 2, default=None) -> bool:

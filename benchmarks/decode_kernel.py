@@ -11,7 +11,7 @@ Times: per call inside a jitted fori_loop (`loop_ms`) and per call from Python
 (`call_ms`). Bandwidth = bytes the method must read / loop time.
 
 Run on the GPU box from the repo root:
-  PYTHONPATH=. python benchmarks/decode_kernel.py --out $OUT [--sweep] [--split-sweep 8,16,32] [--graph-compare]
+  python -m benchmarks.decode_kernel --out $OUT [--sweep] [--split-sweep 8,16,32] [--graph-compare]
 """
 
 from __future__ import annotations
@@ -22,52 +22,33 @@ import math
 import os
 import re
 import subprocess
-import sys
-import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import hyquant_jax as hq  # noqa: E402
-from benchmarks.common import (  # noqa: E402
+import hyquant_jax as hq
+from benchmarks.cases import DECODE_CASES, DECODE_CONFIG, DECODE_SMOKE_CASES, QWEN3_8B_HEADS, qwen3_8b_case
+from benchmarks.common import (
     default_name,
     environment,
+    module_command,
+    module_env,
     output_folder,
+    pallas_triton_op,
     run_script,
     time_in_loop,
     time_per_call,
     write_json,
 )
-from benchmarks.read_bandwidth import read_bandwidth  # noqa: E402
-from hyquant_jax import quant  # noqa: E402
-from hyquant_jax.decode_launch import DecodeTuning, decode_layout, plan  # noqa: E402
-from hyquant_jax.decode_launch import decode_attention as kernel_decode  # noqa: E402
-from hyquant_jax.reference import hybrid_decode_attention_reference  # noqa: E402
+from benchmarks.read_bandwidth import read_bandwidth
+from hyquant_jax import quant
+from hyquant_jax.decode_launch import DecodeTuning, decode_layout, plan
+from hyquant_jax.decode_launch import decode_attention as kernel_decode
+from hyquant_jax.reference import hybrid_decode_attention_reference
 
-# JAX's own Pallas Triton decode kernel, the `pallas` baseline: deprecated in jax 0.11.1, removed in 0.12.1, where
-# the baseline reports an error and the other methods run.
-try:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from jax.experimental.pallas.ops.gpu import decode_attention as pallas_decode  # noqa: E402
-except ImportError:
-    pallas_decode = None
+pallas_decode = pallas_triton_op("decode_attention")  # JAX's Pallas Triton decode kernel, the `pallas` baseline
 
-CASES = [  # (name, batch, q_heads, kv_heads, head_dim, context)
-    ("qwen3-8b B1 1K", 1, 32, 8, 128, 1024),
-    ("qwen3-8b B1 4K", 1, 32, 8, 128, 4096),
-    ("qwen3-8b B1 8K", 1, 32, 8, 128, 8192),
-    ("qwen3-8b B1 16K", 1, 32, 8, 128, 16384),
-    ("qwen3-8b B1 32K", 1, 32, 8, 128, 32768),
-    ("qwen3-8b B1 128K", 1, 32, 8, 128, 131072),
-    ("qwen3-8b B16 32K", 16, 32, 8, 128, 32768),
-    ("smollm2 B1 8K", 1, 9, 3, 64, 8192),
-]
-SMOKE_CASES = [("smoke B2 1K", 2, 8, 2, 64, 1024)]  # --smoke: a CPU check that the script runs
-CONFIG = hq.HyQuantConfig(key_bits=4, value_bits=4, rho=0.05, window=128)
 
 
 @dataclasses.dataclass
@@ -223,7 +204,7 @@ TUNING_KEYS = {"warps": "num_warps", "stages": "num_stages", "pages": "pages_per
 STRING_KEYS = ("convert", "low")
 
 
-def select_cases(spec: str, cases=CASES) -> list:
+def select_cases(spec: str, cases=DECODE_CASES) -> list:
     """Cases named by a comma-separated spec: every case containing an item, and for an item 'B<b> <n>K'
     that names none, the Qwen3-8B heads at that batch and context (e.g. 'B25 32K'). Empty spec: all cases."""
     if not spec.strip():
@@ -233,7 +214,7 @@ def select_cases(spec: str, cases=CASES) -> list:
         found = [c for c in cases if item in c[0]]
         shape = re.fullmatch(r"B(\d+) (\d+)K", item)
         if not found and shape and int(shape[1]) > 0 and int(shape[2]) > 0:
-            found = [(f"qwen3-8b {item}", int(shape[1]), 32, 8, 128, int(shape[2]) * 1024)]
+            found = [qwen3_8b_case(int(shape[1]), int(shape[2]) * 1024, f"qwen3-8b {item}")]
         if not found:
             raise ValueError(f"--cases: {item!r} names no case (known: {[c[0] for c in cases]}; or 'B<batch> <n>K')")
         out += [c for c in found if c not in out]
@@ -263,12 +244,12 @@ def compare_tunings(cases, tunings, reps, log) -> list:
     """Time every tuning on every case in one process; each row has loop_ms and the error vs the reference."""
     out = []
     for name, b, hq_, hkv, d, s in cases:
-        inp = make_inputs(b, hq_, hkv, d, s, CONFIG)
+        inp = make_inputs(b, hq_, hkv, d, s, DECODE_CONFIG)
         rows = []
         for t in tunings:
-            _run_tuning(inp, CONFIG, t, loop_iters(s, b), reps, rows, log)
+            _run_tuning(inp, DECODE_CONFIG, t, loop_iters(s, b), reps, rows, log)
             if "error" not in rows[-1]:
-                rows[-1]["rel_err_vs_reference"] = check_hybrid(inp, CONFIG, t)
+                rows[-1]["rel_err_vs_reference"] = check_hybrid(inp, DECODE_CONFIG, t)
         out.append({"case": name, "rows": rows})
         del inp
     return out
@@ -281,40 +262,42 @@ def split_sweep(batches, context, reps, log) -> list:
     gives the scale. Answers: which n_low is best at each batch?
     """
     out = []
+    heads, kv_heads, head_dim = QWEN3_8B_HEADS
     for b in batches:
-        inp = make_inputs(b, 32, 8, 128, context, CONFIG)
+        inp = make_inputs(b, heads, kv_heads, head_dim, context, DECODE_CONFIG)
         iters = loop_iters(context, b)
         rows = []
         base = DecodeTuning()
-        _run_tuning(inp, CONFIG, base, iters, reps, rows, log)
+        _run_tuning(inp, DECODE_CONFIG, base, iters, reps, rows, log)
         for n in (1, 2, 4, 8, 16, 32):
             if n != rows[0]["n_low"]:
-                _run_tuning(inp, CONFIG, dataclasses.replace(base, n_low=n), iters, reps, rows, log)
+                _run_tuning(inp, DECODE_CONFIG, dataclasses.replace(base, n_low=n), iters, reps, rows, log)
         cudnn = measure(cudnn_attention, inp.q, (inp.k, inp.v), iters, reps)
         out.append({"batch": b, "context": context, "heuristic_n_low": rows[0]["n_low"], "rows": rows,
                     "cudnn_loop_ms": cudnn.get("loop_ms"),
-                    "bytes": {"bf16": b * context * 8 * 128 * 4, "hybrid": int(np.sum(inp.cache.used_bytes(CONFIG)))}})
+                    "bytes": {"bf16": b * context * kv_heads * head_dim * 4,
+                              "hybrid": int(np.sum(inp.cache.used_bytes(DECODE_CONFIG)))}})
         log(f"  split sweep B{b}: {out[-1]}")
         del inp
     return out
 
 
 def run_case(name, batch, q_heads, kv_heads, head_dim, context, tuning, reps, log, schemes=False):
-    inp = make_inputs(batch, q_heads, kv_heads, head_dim, context, CONFIG)
+    inp = make_inputs(batch, q_heads, kv_heads, head_dim, context, DECODE_CONFIG)
     iters = loop_iters(context, batch)
     bf16_bytes = batch * context * kv_heads * head_dim * 2 * 2
-    hybrid_bytes = int(np.sum(inp.cache.used_bytes(CONFIG)))
+    hybrid_bytes = int(np.sum(inp.cache.used_bytes(DECODE_CONFIG)))
     row = {"case": name, "batch": batch, "heads": [q_heads, kv_heads], "head_dim": head_dim, "context": context,
            "tuning": dataclasses.asdict(tuning), "bytes": {"bf16": bf16_bytes, "hybrid": hybrid_bytes,
                                                           "kivi4": kivi_bytes(inp.kivi)}}
-    row["hybrid_rel_err_vs_reference"] = check_hybrid(inp, CONFIG, tuning)
+    row["hybrid_rel_err_vs_reference"] = check_hybrid(inp, DECODE_CONFIG, tuning)
     bf16_ops = (inp.q, (inp.k, inp.v))
-    row["hybrid"] = measure(hybrid_fn(CONFIG, tuning), inp.q, (inp.cache,), iters, reps)
-    row["low_bit_kernel"] = plan(inp.cache, CONFIG, q_heads, tuning, interpret=INTERPRET).low_bit
+    row["hybrid"] = measure(hybrid_fn(DECODE_CONFIG, tuning), inp.q, (inp.cache,), iters, reps)
+    row["low_bit_kernel"] = plan(inp.cache, DECODE_CONFIG, q_heads, tuning, interpret=INTERPRET).low_bit
     if row["low_bit_kernel"] == "mosaic":  # the Triton kernel alone, on the same cache, for the comparison
         triton = dataclasses.replace(tuning, low_bit="triton")
-        row["hybrid_triton"] = measure(hybrid_fn(CONFIG, triton), inp.q, (inp.cache,), iters, reps)
-        row["hybrid_triton"]["rel_err_vs_reference"] = check_hybrid(inp, CONFIG, triton)
+        row["hybrid_triton"] = measure(hybrid_fn(DECODE_CONFIG, triton), inp.q, (inp.cache,), iters, reps)
+        row["hybrid_triton"]["rel_err_vs_reference"] = check_hybrid(inp, DECODE_CONFIG, triton)
     row["cudnn"] = measure(cudnn_attention, *bf16_ops, iters, reps)
     row["xla"] = measure(xla_attention, *bf16_ops, iters, reps)
     pallas = [measure(lambda q, k, v, s=s: pallas_attention(q, k, v, s), *bf16_ops, iters, reps) for s in (16, 64)]
@@ -322,8 +305,8 @@ def run_case(name, batch, q_heads, kv_heads, head_dim, context, tuning, reps, lo
     kivi_attend = cudnn_attention if "loop_ms" in row["cudnn"] else xla_attention
     row["kivi4"] = measure(lambda q, kv: kivi_attention(q, kv, kivi_attend), inp.q, (inp.kivi,), iters, reps)
     if schemes:
-        for scheme in sorted({"token_sym", "token_asym", "channel_key"} - {CONFIG.scheme}):
-            cfg = dataclasses.replace(CONFIG, scheme=scheme)
+        for scheme in sorted({"token_sym", "token_asym", "channel_key"} - {DECODE_CONFIG.scheme}):
+            cfg = dataclasses.replace(DECODE_CONFIG, scheme=scheme)
             sinp = make_inputs(batch, q_heads, kv_heads, head_dim, context, cfg)
             row[f"hybrid_{scheme}"] = measure(hybrid_fn(cfg, tuning), sinp.q, (sinp.cache,), iters, reps)
             row[f"hybrid_{scheme}"]["bytes"] = int(np.sum(sinp.cache.used_bytes(cfg)))
@@ -387,10 +370,10 @@ def compare_schedules(cases, modes, reps, log) -> list:
     overlap), one process, same inputs."""
     out = []
     for name, b, hq_, hkv, d, s in cases:
-        inp = make_inputs(b, hq_, hkv, d, s, CONFIG)
+        inp = make_inputs(b, hq_, hkv, d, s, DECODE_CONFIG)
         iters = loop_iters(s, b)
         bf16_ops = (inp.q, (inp.k, inp.v))
-        fns = {"hybrid": (hybrid_fn(CONFIG, DecodeTuning()), inp.q, (inp.cache,)),
+        fns = {"hybrid": (hybrid_fn(DECODE_CONFIG, DecodeTuning()), inp.q, (inp.cache,)),
                "cudnn": (cudnn_attention, *bf16_ops), "xla": (xla_attention, *bf16_ops),
                "pallas": (pallas_attention, *bf16_ops)}
         row = {"case": name}
@@ -433,9 +416,9 @@ def main(argv=None):
     log(f"{env}")
     args.out = output_folder(args.out, args.smoke)
     args.name = args.name or default_name("decode_kernel")
-    selected = select_cases(args.cases, SMOKE_CASES if args.smoke else CASES)
+    selected = select_cases(args.cases, DECODE_SMOKE_CASES if args.smoke else DECODE_CASES)
     probe = read_bandwidth(4 << 20 if args.smoke else 2 << 30, iters=2 if args.smoke else 20)
-    result = {"env": env, "config": dataclasses.asdict(CONFIG), "read_bandwidth_tb_s": probe["best"],
+    result = {"env": env, "config": dataclasses.asdict(DECODE_CONFIG), "read_bandwidth_tb_s": probe["best"],
               "read_bandwidth": probe}
     log(f"read bandwidth {probe['best']:.2f} TB/s (best of {probe['tb_s']})")
 
@@ -456,10 +439,10 @@ def main(argv=None):
     if args.sweep:
         result["sweep"] = {}
         shapes = [("B1 1K smoke", 1, 8, 2, 64, 1024)] if args.smoke else [
-            ("B1 32K", 1, 32, 8, 128, 32768), ("B16 32K", 16, 32, 8, 128, 32768)]
+            qwen3_8b_case(1, 32768, "B1 32K"), qwen3_8b_case(16, 32768, "B16 32K")]
         for name, b, hq_, hkv, d, s in shapes:
-            inp = make_inputs(b, hq_, hkv, d, s, CONFIG)
-            best, rows = sweep(inp, CONFIG, 2 if args.smoke else loop_iters(s, b), 3, log)
+            inp = make_inputs(b, hq_, hkv, d, s, DECODE_CONFIG)
+            best, rows = sweep(inp, DECODE_CONFIG, 2 if args.smoke else loop_iters(s, b), 3, log)
             tunings[b] = best
             result["sweep"][name] = {"best": dataclasses.asdict(best), "rows": rows}
             del inp
@@ -478,10 +461,10 @@ def main(argv=None):
         # Triton custom calls are captured into command buffers (CUDA graphs) by default since openxla/xla#30765.
         # So the comparison runs the same cases with command buffers switched off.
         env_vars = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer="))
-        sub = [sys.executable, __file__, "--out", args.out, "--name", args.name + "_no_cmdbuf",
-               "--cases", "B1 1K,B1 4K,B1 32K", "--reps", str(args.reps)]
+        sub = module_command("benchmarks.decode_kernel", "--out", args.out, "--name", args.name + "_no_cmdbuf",
+                             "--cases", "B1 1K,B1 4K,B1 32K", "--reps", str(args.reps))
         log("command-buffer compare: XLA_FLAGS=--xla_gpu_enable_command_buffer= " + " ".join(sub))
-        subprocess.run(sub, env=env_vars, check=False)
+        subprocess.run(sub, env=module_env(env_vars), check=False)
         import json
         try:
             with open(os.path.join(args.out, args.name + "_no_cmdbuf.json")) as f:

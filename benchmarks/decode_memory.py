@@ -1,14 +1,14 @@
 """What the compiled decode loop allocates beyond its arguments, and which large buffers XLA hoisted out of it.
 
-Compiles `hyquant_jax.generate.decode` for e2e.py's model and a method at one prefix and batch from shapes
+Compiles `hyquant_jax.generate.decode` for the e2e benchmark's model and a method at one prefix and batch from shapes
 only (no weights or caches are allocated), then prints XLA's memory analysis and every instruction of the
 entry computation (outside the loops) whose result is at least --min-mb megabytes and is not a parameter:
 a weight copy or slice hoisted out of the decode loop shows there, which separates the decode's own memory
 from the rest of the process. It also lists the `copy` instructions of the loops' bodies by shape and the
 launches of each body (a per-step copy of a small counter shows there as a `copy` of shape s32[...]).
 
-  PYTHONPATH=. python benchmarks/decode_memory.py --method hyquant --prefix 32768 --out $OUT
-  CPU check: PYTHONPATH=. python benchmarks/decode_memory.py --layers 2 --prefix 1024 --out /tmp/mem
+  python -m benchmarks.decode_memory --method hyquant --prefix 32768 --out $OUT
+  CPU check: python -m benchmarks.decode_memory --layers 2 --prefix 1024 --out /tmp/mem
 """
 
 from __future__ import annotations
@@ -125,33 +125,34 @@ def main(argv=None) -> None:
     import jax
     import jax.numpy as jnp
 
-    from benchmarks import e2e
     from benchmarks.common import check_out, write_json
+    from benchmarks.e2e.options import method_attention, model_config, parse_args
+    from benchmarks.e2e.states import decode_states
     from hyquant_jax import SamplingConfig
     from hyquant_jax.generate import decode
     from models import abstract_model, init_model, split_model
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--method", default="hyquant", help="an e2e.py method (bf16, hyquant, kivi4, ...)")
+    p.add_argument("--method", default="hyquant", help="a method of benchmarks.e2e (bf16, hyquant, kivi4, ...)")
     p.add_argument("--prefix", type=int, default=32768)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--layers", type=int, default=None, help="fewer layers than the model (a quick CPU check)")
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--min-mb", type=float, default=16.0)
     p.add_argument("--allocate-weights", action="store_true",
-                   help="also initialize the weights for real (as e2e.py does) and record the device's live and "
-                        "peak bytes after it against the weights' own bytes")
+                   help="also initialize the weights for real (as benchmarks.e2e does) and record the device's live "
+                        "and peak bytes after it against the weights' own bytes")
     p.add_argument("--out", default=None, help="folder for decode_memory_<method>_<prefix>.json")
     args = p.parse_args(argv)
     if args.out:
         check_out(args.out)
-    e2e_args = e2e.parse_args(["--sections", "b1"] + (["--layers", str(args.layers)] if args.layers else []))
-    config = e2e._model(e2e_args)
-    attention, _ = e2e._attention(e2e_args, args.method)
+    e2e_args = parse_args(["--sections", "b1"] + (["--layers", str(args.layers)] if args.layers else []))
+    config = model_config(e2e_args)
+    attention, _ = method_attention(e2e_args, args.method)
     max_len = args.prefix + args.steps + 8
     model_def, weights = split_model(abstract_model(config, jnp.bfloat16))  # shapes only
     after_init = None
-    if args.allocate_weights:  # e2e.py's eager initialization; is anything besides the weights left alive?
+    if args.allocate_weights:  # benchmarks.e2e's eager initialization; is anything besides the weights left alive?
         real = init_model(jax.random.PRNGKey(0), config, jnp.bfloat16)
         real_weights = jax.block_until_ready(split_model(real).weights)
         gc.collect()
@@ -160,7 +161,7 @@ def main(argv=None) -> None:
                       "bytes_in_use": stats.get("bytes_in_use"), "peak_bytes_in_use": stats.get("peak_bytes_in_use")}
         print("after init: " + ", ".join(f"{k} {v / 2**30:.3f} GiB" for k, v in after_init.items() if v is not None))
         del real, real_weights
-    states = jax.eval_shape(lambda: e2e._states(attention, config, args.prefix, args.batch, max_len))
+    states = jax.eval_shape(lambda: decode_states(attention, config, args.prefix, args.batch, max_len))
     tokens = jax.ShapeDtypeStruct((args.batch,), jnp.int32)
     static = dict(attention=attention, sampling=SamplingConfig(), max_new_tokens=args.steps + 1, eos_ids=(), pad_id=0,
                   layer_kernels="auto")

@@ -25,7 +25,7 @@ logs=${logs:-/tmp/hyquant_gpu_logs}
 mkdir -p "$results" "$logs"
 results=$(cd "$results" && pwd) logs=$(cd "$logs" && pwd)
 parts=$(mktemp -d)  # one call's partial results, combined into the canonical file
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1  # `python3 -m benchmarks.X` from the root: the working folder is on the import path
 limit=${LIMIT:-540}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1
 
@@ -49,22 +49,22 @@ case "$part" in
     done
     ;;
   kernels)
-    run decode_kernel python3 benchmarks/decode_kernel.py --out "$results"
-    run prefill_kernel python3 benchmarks/prefill_kernel.py --out "$results"
-    run chunked_prefill_attention python3 benchmarks/chunked_prefill_attention.py --triton --out "$results"
-    run read_bandwidth python3 benchmarks/read_bandwidth.py --out "$results"
+    run decode_kernel python3 -m benchmarks.decode_kernel --out "$results"
+    run prefill_kernel python3 -m benchmarks.prefill_kernel --out "$results"
+    run chunked_prefill_attention python3 -m benchmarks.chunked_prefill_attention --triton --out "$results"
+    run read_bandwidth python3 -m benchmarks.read_bandwidth --out "$results"
     ;;
   e2e)
-    run e2e_b1 python3 benchmarks/e2e.py --out "$parts" --name b1 --sections b1 --methods bf16,hyquant \
+    run e2e_b1 python3 -m benchmarks.e2e --out "$parts" --name b1 --sections b1 --methods bf16,hyquant \
       --prefixes "${PREFIXES:-1024,32768,131072}" --steps 64 --reps 3 --no-plot
     for method in bf16 hyquant; do
-      run "e2e_batch_$method" python3 benchmarks/e2e.py --out "$parts" --name "batch_$method" --sections batch \
+      run "e2e_batch_$method" python3 -m benchmarks.e2e --out "$parts" --name "batch_$method" --sections batch \
         --methods "$method" --batches "${BATCHES:-1,4,8,16,32,48,64}" --until-oom --steps 64 --reps 2 --no-plot
     done
-    run e2e_combine python3 benchmarks/e2e.py --out "$results" --combine "$parts"/*.json
+    run e2e_combine python3 -m benchmarks.e2e --out "$results" --combine "$parts"/*.json
     ;;
   accuracy)
-    run accuracy python3 benchmarks/accuracy.py --spec --dtype float32 --out "$results"
+    run accuracy python3 -m benchmarks.accuracy --spec --dtype float32 --out "$results"
     ;;
   ab)
     base=${1:?usage: bash benchmarks/gpu.sh ab BASE (a checkout of the tree to compare against)}
@@ -74,19 +74,19 @@ case "$part" in
         tag=$([ "$tree" = "$here" ] && echo new || echo base)
         mkdir -p "$results/ab_$tag"
         case $bench in
-          decode_kernel) cmd=(benchmarks/decode_kernel.py --name decode_kernel ${CASES:+--cases "$CASES"}) ;;
-          e2e_b1) cmd=(benchmarks/e2e.py --name e2e_b1 --sections b1 --methods bf16,hyquant
+          decode_kernel) cmd=(-m benchmarks.decode_kernel --name decode_kernel ${CASES:+--cases "$CASES"}) ;;
+          e2e_b1) cmd=(-m benchmarks.e2e --name e2e_b1 --sections b1 --methods bf16,hyquant
                        --prefixes "${PREFIXES:-32768,131072}" --steps 64 --reps 3 --no-plot) ;;
           e2e_batch_bf16|e2e_batch_hyquant)  # the largest batch of a method: BATCHES_BF16 / BATCHES_HYQUANT
             method=${bench#e2e_batch_} var=BATCHES_$(echo "${bench#e2e_batch_}" | tr a-z A-Z)
-            cmd=(benchmarks/e2e.py --name "$bench" --sections batch --methods "$method"
+            cmd=(-m benchmarks.e2e --name "$bench" --sections batch --methods "$method"
                  --batches "${!var:?$var: the batch sizes to time}" --no-until-oom --steps 64 --reps 2 --no-plot) ;;
           *) echo "ab: unknown benchmark $bench (decode_kernel, e2e_b1, e2e_batch_bf16, e2e_batch_hyquant)"; exit 2 ;;
         esac
-        (cd "$tree" && PYTHONPATH="$tree:$PYTHONPATH" run "ab_${bench}_$tag" python3 "${cmd[@]}" --out "$results/ab_$tag")
+        (cd "$tree" && run "ab_${bench}_$tag" python3 "${cmd[@]}" --out "$results/ab_$tag")
       done
     done
-    run ab_report python3 benchmarks/report.py --results "$results" --ab "$results/ab_base" "$results/ab_new" \
+    run ab_report python3 -m benchmarks.report --results "$results" --ab "$results/ab_base" "$results/ab_new" \
       "${BASE_LABEL:-$base}"
     ;;
   *)

@@ -6,9 +6,9 @@ handed to the plugin's compiler (`MosaicGpuCompile`) with a libcuda stub that an
 and Mosaic's own dump writes the PTX and the ptxas report before the module load fails (no GPU); ptxas and
 nvdisasm then give the SASS. Set up the tools once with `bash scripts/offline_cuda/setup.sh`.
 
-  python benchmarks/mosaic_sass.py decode --out DIR     # pallas_kernels.decode_mgpu.low_bit_splits
-  python benchmarks/mosaic_sass.py decode --module PATH.py --out DIR   # a modified copy of decode_mgpu.py
-  python benchmarks/mosaic_sass.py prefill --out DIR    # pallas_kernels.prefill_mgpu, prefill_launch.PrefillTuning()
+  python -m benchmarks.mosaic_sass decode --out DIR     # pallas_kernels.decode_mgpu.low_bit_splits
+  python -m benchmarks.mosaic_sass decode --module PATH.py --out DIR   # a modified copy of decode_mgpu.py
+  python -m benchmarks.mosaic_sass prefill --out DIR    # pallas_kernels.prefill_mgpu, prefill_launch.PrefillTuning()
 
 Writes KERNEL.ptx, KERNEL.ptxas.txt, KERNEL.sass and KERNEL.json (registers, spills, instructions in the
 kernel and in its largest loop by opcode) into DIR and prints the summary. Checked against a GPU machine: for
@@ -28,7 +28,9 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmarks.cases import QWEN3_8B_HEADS
+from benchmarks.common import ROOT, check_out, module_env, write_json
+
 TOOLS = os.path.join(ROOT, ".offline_cuda")
 CUDA = os.path.join(TOOLS, "root", "nvidia", "cu13")
 PLUGIN = os.path.join(TOOLS, "root", "jax_plugins", "xla_cuda13", "xla_cuda_plugin.so")
@@ -118,8 +120,9 @@ def _lower(kernel: str, module_path: str | None = None):
         from hyquant_jax.prefill_launch import PrefillTuning
         from pallas_kernels.prefill_mgpu import argument_shapes, hybrid_prefill_mgpu
 
-        args = argument_shapes(1, 32, 8, 4096, 256, 128)  # Qwen3-8B heads at 4K tokens, as the lowering tests
-        fn = jax.jit(lambda *a: hybrid_prefill_mgpu(*a, scale=128 ** -0.5, **PrefillTuning().mosaic()))
+        heads, kv_heads, head_dim = QWEN3_8B_HEADS
+        args = argument_shapes(1, heads, kv_heads, 4096, 256, head_dim)  # 4K tokens, as the lowering tests
+        fn = jax.jit(lambda *a: hybrid_prefill_mgpu(*a, scale=head_dim ** -0.5, **PrefillTuning().mosaic()))
     else:
         raise ValueError(f"kernel must be 'decode' or 'prefill', got {kernel!r}")
     before = set(core.KNOWN_KERNELS)
@@ -146,9 +149,7 @@ def main():
         env = dict(os.environ, MOSAIC_SASS_CHILD="1", JAX_PLATFORMS="cpu",
                    PATH=":".join([os.path.join(CUDA, "bin"), os.environ.get("PATH", "")]),
                    LD_LIBRARY_PATH=":".join(filter(None, [stub_dir, os.environ.get("LD_LIBRARY_PATH")])))
-        os.execve(sys.executable, [sys.executable, *sys.argv], env)
-    sys.path.insert(0, ROOT)
-    from benchmarks.common import check_out, write_json
+        os.execve(sys.executable, [sys.executable, "-m", "benchmarks.mosaic_sass", *sys.argv[1:]], module_env(env))
 
     check_out(args.out)
     with tempfile.TemporaryDirectory() as dump:

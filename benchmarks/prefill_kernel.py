@@ -50,9 +50,9 @@ small block_q / block_k / num_warps / num_stages sweep at one length, whose
 best setting is used for all kernel variants.
 
 On a GPU, from the repo root (writes benchmarks/results/prefill_kernel_<device>.json and .png):
-  PYTHONPATH=. python benchmarks/prefill_kernel.py
+  python -m benchmarks.prefill_kernel
 CPU check that the script runs (interpret mode, tiny shapes, into a temporary folder):
-  PYTHONPATH=. python benchmarks/prefill_kernel.py --smoke
+  python -m benchmarks.prefill_kernel --smoke
 """
 
 from __future__ import annotations
@@ -61,36 +61,35 @@ import argparse
 import math
 import os
 import statistics
-import sys
 import time
 import traceback
-import warnings
 from functools import partial
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax import lax  # noqa: E402
-
-from benchmarks.common import default_name, environment, output_folder, run_script, write_json  # noqa: E402
-from benchmarks.trace import breakdown, profiled  # noqa: E402
-from hyquant_jax import prefill_launch as pk  # noqa: E402
-from hyquant_jax import reference, vti  # noqa: E402
+from benchmarks.cases import QWEN3_8B_HEADS
+from benchmarks.common import (
+    call_seconds,
+    default_name,
+    environment,
+    output_folder,
+    pallas_triton_op,
+    run_script,
+    timed,
+    write_json,
+)
+from benchmarks.trace import breakdown, profiled
+from hyquant_jax import prefill_launch as pk
+from hyquant_jax import reference, vti
 from hyquant_jax.attention import prefill_attention
-from hyquant_jax.config import HyQuantConfig  # noqa: E402
-from hyquant_jax.prefill_launch import PrefillTuning  # noqa: E402
-from pallas_kernels import prefill_mgpu as mgpu  # noqa: E402
+from hyquant_jax.config import HyQuantConfig
+from hyquant_jax.prefill_launch import PrefillTuning
+from pallas_kernels import prefill_mgpu as mgpu
 
-# JAX's own Pallas Triton attention, the `pallas_mha_bf16` baseline: deprecated in jax 0.11.1, removed in 0.12.1,
-# where the baseline reports an error and the other methods run.
-try:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from jax.experimental.pallas.ops.gpu import attention as pallas_attention  # noqa: E402
-except ImportError:
-    pallas_attention = None
+pallas_attention = pallas_triton_op("attention")  # JAX's Pallas Triton attention, the `pallas_mha_bf16` baseline
 
 TRACE_TOP = 20  # kernels listed per traced method
 # prefill_block 128 so that kernel block_q 64 and 128 have the same semantics (sweep).
@@ -199,28 +198,18 @@ def bench(fn, arrays, reps, min_loop_s=0.1, max_iters=50, trace_into: dict | Non
     """
     arrays = tuple(arrays)
     loop = make_loop(fn, arrays)
-    one, t0 = jnp.int32(1), time.perf_counter()
-    _, first = jax.block_until_ready(loop(one, arrays))
-    compile_s = time.perf_counter() - t0
-    jax.block_until_ready(loop(one, arrays))
-    calls = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(loop(one, arrays))
-        calls.append(time.perf_counter() - t0)
-    call = statistics.median(calls)
+    one = jnp.int32(1)
+    (_, first), compile_s = timed(loop, one, arrays)
+    timed(loop, one, arrays)
+    call = statistics.median(call_seconds(loop, one, arrays, reps=reps))
     iters = int(min(max_iters, max(3, math.ceil(min_loop_s / max(call, 1e-6)))))
     n = jnp.int32(iters)
-    jax.block_until_ready(loop(n, arrays))
-    loops = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(loop(n, arrays))
-        loops.append((time.perf_counter() - t0) / iters)
+    timed(loop, n, arrays)
+    loop_s = statistics.median(call_seconds(loop, n, arrays, reps=reps)) / iters
     if trace_into is not None:
         _, _, events = profiled(lambda: jax.block_until_ready(loop(one, arrays)))
         trace_into.update(breakdown(events, 1, TRACE_TOP))
-    return statistics.median(loops) * 1e3, call * 1e3, iters, compile_s, first
+    return loop_s * 1e3, call * 1e3, iters, compile_s, first
 
 
 # ----------------------------------------------------------------------------- methods
@@ -676,7 +665,7 @@ def main(argv=None):
     json_path = os.path.join(args.out, args.name + ".json")
 
     interpret = args.smoke or jax.default_backend() != "gpu"
-    b, hq, hkv, d = (1, 4, 2, 64) if args.smoke else (1, 32, 8, 128)
+    b, (hq, hkv, d) = 1, ((4, 2, 64) if args.smoke else QWEN3_8B_HEADS)
     lengths = [256] if args.smoke else args.lengths
     reps = 2 if args.smoke else args.reps
     have_cudnn = jax.default_backend() == "gpu"

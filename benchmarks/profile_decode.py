@@ -7,11 +7,11 @@ per kernel name it reports launches and microseconds per decode call, plus the
 share of the loop's span during which no kernel ran (launch gaps). It answers
 where the fixed cost of a short-context hybrid decode call goes (kernel,
 merge, the XLA work around them, gaps). Writes OUT/NAME.json:
-  PYTHONPATH=. python benchmarks/profile_decode.py --trace "B1 1K,B1 4K,B1 32K,smollm2" --out $OUT
+  python -m benchmarks.profile_decode --trace "B1 1K,B1 4K,B1 32K,smollm2" --out $OUT
 
 Without --trace it only runs the decode kernel a few times on one shape, for ncu to capture:
-  PYTHONPATH=. ncu --clock-control none -k regex:hyquant_decode --launch-skip 2 --launch-count 1 \\
-      --section SpeedOfLight ... python benchmarks/profile_decode.py --batch 16 --context 32768
+  ncu --clock-control none -k regex:hyquant_decode --launch-skip 2 --launch-count 1 \\
+      --section SpeedOfLight ... python -m benchmarks.profile_decode --batch 16 --context 32768
 """
 
 from __future__ import annotations
@@ -19,25 +19,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import sys
 
 import jax
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks.common import check_out, environment, jitted_loop, run_script, write_json  # noqa: E402
-from benchmarks.decode_kernel import (  # noqa: E402
-    CASES,
-    CONFIG,
+from benchmarks.cases import DECODE_CASES, DECODE_CONFIG, DECODE_SMOKE_CASES, QWEN3_8B_HEADS
+from benchmarks.common import check_out, environment, jitted_loop, run_script, write_json
+from benchmarks.decode_kernel import (
     INTERPRET,
-    SMOKE_CASES,
     cudnn_attention,
     hybrid_fn,
     make_inputs,
     xla_attention,
 )
-from benchmarks.trace import breakdown, profiled  # noqa: E402
-from hyquant_jax.decode_launch import DecodeTuning, decode_attention, decode_layout  # noqa: E402
+from benchmarks.trace import breakdown, profiled
+from hyquant_jax.decode_launch import DecodeTuning, decode_attention, decode_layout
 
 
 def trace_loop(fn, q, operands, iters: int, top: int) -> dict:
@@ -49,18 +44,18 @@ def trace_loop(fn, q, operands, iters: int, top: int) -> dict:
 
 
 def trace_cases(names: str, iters: int, top: int, smoke: bool, log) -> list[dict]:
-    cases = SMOKE_CASES if smoke else CASES
+    cases = DECODE_SMOKE_CASES if smoke else DECODE_CASES
     selected = [c for c in cases if any(s.strip() and s.strip() in c[0] for s in names.split(","))]
     if not selected:
         raise SystemExit(f"--trace {names!r} selects no case; cases: {[c[0] for c in cases]}")
     rows = []
     for name, b, hq_, hkv, d, s in selected:
-        inp = make_inputs(b, hq_, hkv, d, s, CONFIG)
+        inp = make_inputs(b, hq_, hkv, d, s, DECODE_CONFIG)
         tuning = DecodeTuning()
-        lay = decode_layout(inp.cache, CONFIG, hq_, tuning)
+        lay = decode_layout(inp.cache, DECODE_CONFIG, hq_, tuning)
         row = {"case": name, "batch": b, "heads": [hq_, hkv], "head_dim": d, "context": s,
                "splits": {"n_low": lay.n_low, "n_vl": lay.n_vl, "total": lay.num_splits},
-               "hybrid": trace_loop(hybrid_fn(CONFIG, tuning), inp.q, (inp.cache,), iters, top),
+               "hybrid": trace_loop(hybrid_fn(DECODE_CONFIG, tuning), inp.q, (inp.cache,), iters, top),
                "xla": trace_loop(xla_attention, inp.q, (inp.k, inp.v), iters, top)}
         if not INTERPRET:
             row["cudnn"] = trace_loop(cudnn_attention, inp.q, (inp.k, inp.v), iters, top)
@@ -95,14 +90,14 @@ def main():
     check_out(args.out)
     if args.trace or args.smoke:
         log = lambda s: print(s, flush=True)  # noqa: E731
-        result = {"env": environment(), "config": dataclasses.asdict(CONFIG),
+        result = {"env": environment(), "config": dataclasses.asdict(DECODE_CONFIG),
                   "cases": trace_cases(args.trace or "smoke", args.iters, args.top, args.smoke, log)}
         write_json(os.path.join(args.out, args.name + ".json"), result)
         return
-    inp = make_inputs(args.batch, 32, 8, 128, args.context, CONFIG)
+    inp = make_inputs(args.batch, *QWEN3_8B_HEADS, args.context, DECODE_CONFIG)
     tuning = DecodeTuning(num_warps=args.warps, num_stages=args.stages, pages_per_tile=args.pages)
     for _ in range(args.calls):
-        out, _ = decode_attention(inp.q, inp.cache, CONFIG, tuning=tuning)
+        out, _ = decode_attention(inp.q, inp.cache, DECODE_CONFIG, tuning=tuning)
         jax.block_until_ready(out)
     print("done", out.shape)
 

@@ -9,7 +9,7 @@ the kernel once per case on a frozen Qwen3-8B-shaped cache and prints, per regio
 blocks, its share, and the mean per page; it writes the summary as JSON. ncu segfaults on this kernel right
 after connecting (on the H200, at B1 128K and B16 32K alike), hence this route.
 
-  PYTHONPATH=. python benchmarks/profile_decode_mgpu.py --out DIR [--contexts 16x32768,1x32768]
+  python -m benchmarks.profile_decode_mgpu --out DIR [--contexts 16x32768,1x32768]
 """
 
 from __future__ import annotations
@@ -19,10 +19,7 @@ import collections
 import glob
 import json
 import os
-import sys
 import tempfile
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 REGIONS = ("wait", "keys", "qk_values", "softmax", "commit", "redo", "pv")
 
@@ -82,12 +79,13 @@ def profile_case(batch: int, context: int, out_dir: str) -> dict:
     import jax
     import numpy as np
 
-    from benchmarks.decode_kernel import CONFIG, make_inputs
+    from benchmarks.cases import DECODE_CONFIG, QWEN3_8B_HEADS
+    from benchmarks.decode_kernel import make_inputs
     from hyquant_jax import decode_launch
     from hyquant_jax.backends import multiprocessor_count
     from pallas_kernels import decode_mgpu as dm
 
-    inp = make_inputs(batch, 32, 8, 128, context, CONFIG)
+    inp = make_inputs(batch, *QWEN3_8B_HEADS, context, DECODE_CONFIG)
     c = inp.cache
     b, h = c.batch, c.num_kv_heads
     q = dm.kernel_query(decode_launch.query_groups(inp.q, h, 1.0 / np.sqrt(128.0)))
@@ -115,11 +113,11 @@ def main():
     p.add_argument("--contexts", default="16x32768,1x32768", help="BxS list")
     p.add_argument("--name", default="profile_decode_mgpu")
     args = p.parse_args()
-    from benchmarks.common import check_out, environment, write_json
+    from benchmarks.common import check_out, command_line, environment, write_json
 
     check_out(args.out)
 
-    result = {"environment": environment(), "command": " ".join(sys.argv), "cases": []}
+    result = {"environment": environment(), "command": command_line(), "cases": []}
     for item in args.contexts.split(","):
         batch, context = (int(x) for x in item.split("x"))
         case = profile_case(batch, context, args.out)

@@ -1,6 +1,6 @@
 """Where the time of one end-to-end decode step (or prefill) goes: a GPU kernel breakdown from the JAX profiler.
 
-Builds the e2e benchmark's model (random weights, `benchmarks/e2e.py`) and
+Builds the e2e benchmark's model (random weights, `benchmarks.e2e`) and
 decode states, runs the jitted decode loop once to compile, then once more
 under `jax.profiler.trace`, and reads the trace's GPU kernel events: per
 kernel name, launches and microseconds per decode step, plus the share of the
@@ -8,8 +8,8 @@ loop's wall time during which no kernel ran (launch gaps). `--sections
 prefill` does the same for one whole-prompt prefill (+ Freeze) of B = 1
 prompt: the "per step" fields are then per prefill call. Writes
 OUT/NAME.json. On the GPU box, from the repository root:
-  PYTHONPATH=. python benchmarks/profile_e2e.py --out $OUT --methods bf16,hyquant --prefixes 1024,32768
-  PYTHONPATH=. python benchmarks/profile_e2e.py --out $OUT --sections prefill --prefixes 4096 \
+  python -m benchmarks.profile_e2e --out $OUT --methods bf16,hyquant --prefixes 1024,32768
+  python -m benchmarks.profile_e2e --out $OUT --sections prefill --prefixes 4096 \
       --prefill-backend mosaic --prefill-block 128
 """
 
@@ -19,13 +19,12 @@ import argparse
 import gzip
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks import e2e  # noqa: E402
-from benchmarks.common import check_out, run_script, write_json  # noqa: E402
-from benchmarks.trace import breakdown, profiled  # noqa: E402
+from benchmarks.cases import MODELS
+from benchmarks.common import check_out, environment, run_script, write_json
+from benchmarks.e2e import options
+from benchmarks.e2e.states import decode_states
+from benchmarks.trace import breakdown, profiled
 
 
 def profile_config(args, model, attention, method, prefix, batch) -> dict:
@@ -40,7 +39,7 @@ def profile_config(args, model, attention, method, prefix, batch) -> dict:
     config = model.config
     model_def, weights = split_model(model)
     max_len = prefix + 2 * args.steps + 8
-    states = e2e._states(attention, config, prefix, batch, max_len)
+    states = decode_states(attention, config, prefix, batch, max_len)
     lengths = jnp.full((batch,), prefix, jnp.int32)
     first = jax.random.randint(jax.random.PRNGKey(1), (batch,), 0, config.vocab_size, jnp.int32)
     key = jax.random.PRNGKey(2)
@@ -95,10 +94,10 @@ def _dump_events(events: list[dict], path: str) -> None:
 
 
 def _attention(e2e_args, method):
-    """e2e.py's attention of `method`; an unknown name is a ValueError naming the methods."""
-    if method not in e2e.METHODS:
-        raise ValueError(f"unknown method {method!r}: expected one of {sorted(e2e.METHODS)}")
-    return e2e._attention(e2e_args, method)[0]
+    """benchmarks.e2e's attention of `method`; an unknown name is a ValueError naming the methods."""
+    if method not in options.METHODS:
+        raise ValueError(f"unknown method {method!r}: expected one of {sorted(options.METHODS)}")
+    return options.method_attention(e2e_args, method)[0]
 
 
 def main():
@@ -106,23 +105,23 @@ def main():
     p.add_argument("--out", required=True, help="folder for the profile (not a results file)")
     p.add_argument("--name", default="profile_e2e")
     p.add_argument("--methods", default="bf16,hyquant",
-                   help="e2e.py methods, comma-separated")
+                   help="benchmarks.e2e methods, comma-separated")
     p.add_argument("--prefixes", default="1024,32768")
     p.add_argument("--batches", default="1", help="batch sizes, each profiled at every prefix")
-    p.add_argument("--model", default="qwen3-8b", choices=sorted(e2e.MODELS))
+    p.add_argument("--model", default="qwen3-8b", choices=sorted(MODELS))
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--top", type=int, default=25, help="kernels listed per config")
     p.add_argument("--sections", default="decode", help="decode and/or prefill, comma-separated")
-    p.add_argument("--prefill-backend", default="auto", help="as in e2e.py")
-    p.add_argument("--prefill-block", type=int, default=64, help="as in e2e.py")
-    p.add_argument("--smoke", action="store_true", help="e2e.py's tiny model (a CPU check of the script)")
+    p.add_argument("--prefill-backend", default="auto", help="as in benchmarks.e2e")
+    p.add_argument("--prefill-block", type=int, default=64, help="as in benchmarks.e2e")
+    p.add_argument("--smoke", action="store_true", help="benchmarks.e2e's tiny model (a CPU check of the script)")
     p.add_argument("--dump-events", action="store_true",
                    help="also write each decode config's GPU events in order (name, stream, start, duration in us) "
                         "to OUT/NAME_events_METHOD_PREFIX.json.gz, to see which launches idle gaps sit between, "
                         "and the compiled decode loop's HLO (kernel names = fusion names) to "
                         "OUT/NAME_hlo_METHOD_PREFIX.txt.gz")
-    p.add_argument("--layer-kernels", default="auto", choices=("auto", "xla"), help="as in e2e.py")
+    p.add_argument("--layer-kernels", default="auto", choices=("auto", "xla"), help="as in benchmarks.e2e")
     args = p.parse_args()
     check_out(args.out)
     import jax
@@ -130,20 +129,19 @@ def main():
 
     from models import init_model
 
-    e2e_args = e2e.parse_args(["--model", args.model, "--sections", "b1", "--prefill-backend", args.prefill_backend,
+    e2e_args = options.parse_args(["--model", args.model, "--sections", "b1", "--prefill-backend", args.prefill_backend,
                                "--prefill-block", str(args.prefill_block)]
                               + (["--layers", str(args.layers)] if args.layers else [])
                               + (["--smoke"] if args.smoke else []))
-    config = e2e._model(e2e_args)
+    config = options.model_config(e2e_args)
     model = init_model(jax.random.PRNGKey(0), config, jnp.bfloat16)
-    results = {"environment": {"jax": jax.__version__, "device": jax.devices()[0].device_kind,
-                               "command": " ".join(sys.argv)}, "model": args.model,
+    results = {"environment": environment(), "model": args.model,
                "layer_kernels": args.layer_kernels, "configs": []}
     sections = args.sections.split(",")
     for method in args.methods.split(","):
         attention = _attention(e2e_args, method)
         if "prefill" in sections:
-            for prefix in e2e._ints(args.prefixes):
+            for prefix in options.ints(args.prefixes):
                 row = profile_prefill(args, model, attention, method, prefix)
                 results["configs"].append(row)
                 print(f"== prefill {method} {prefix}: wall {row['wall_ms_per_step']:.2f} ms, kernels "
@@ -153,8 +151,8 @@ def main():
                 print(f"   idle {row['idle_share'] or 0:.0%} of the span; idle time by the kernel that ends it:")
                 for k in row["idle_before"][:15]:
                     print(f"   {k['idle_us_per_step']:8.1f} us  x{k['gaps_per_step']:5.1f}  {k['name'][:90]}")
-        for batch in (e2e._ints(args.batches) if "decode" in sections else []):
-            for prefix in e2e._ints(args.prefixes):
+        for batch in (options.ints(args.batches) if "decode" in sections else []):
+            for prefix in options.ints(args.prefixes):
                 row = profile_config(args, model, attention, method, prefix, batch)
                 results["configs"].append(row)
                 print(f"== {method} B{batch} {prefix}: wall {row['wall_ms_per_step']:.2f} ms/step, kernels "

@@ -12,21 +12,19 @@ TB/s = array bytes / seconds per call (the small q and outputs are not counted);
 One XLA sum of the whole array to a scalar, timed from Python, varied widely from run to run and stayed below
 what cuDNN's decode kernel moves, so it is no yardstick.
 
-  python benchmarks/read_bandwidth.py --out benchmarks/results   # writes read_bandwidth_h200.json
+  python -m benchmarks.read_bandwidth --out benchmarks/results   # writes read_bandwidth_h200.json
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks.common import (  # noqa: E402
+from benchmarks.cases import QWEN3_8B
+from benchmarks.common import (
     add_output_sum,
     default_name,
     environment,
@@ -40,7 +38,7 @@ FORMS = ("rows", "gemv", "gemv_wide")
 
 
 def _operands(form: str, nbytes: int):
-    width = 4096 if form == "gemv_wide" else 8192
+    width = QWEN3_8B["hidden_size"] if form == "gemv_wide" else 8192
     n = max(1, nbytes // (2 * width))
     shape = (n, width) if form == "rows" else (width, n)
     x = jax.random.normal(jax.random.PRNGKey(0), shape, jnp.bfloat16)

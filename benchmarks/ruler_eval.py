@@ -413,7 +413,7 @@ def main(argv=None) -> int:
     import jax
     import jax.numpy as jnp
 
-    from benchmarks.accuracy import DEFAULT_ESSAYS
+    from benchmarks.accuracy.settings import DEFAULT_ESSAYS
     from models import split_model
     from models.checkpoint import load_model
 

@@ -1,4 +1,4 @@
-"""CI run of the accuracy benchmark's --quick mode on the real SmolLM2-135M (benchmarks/accuracy.py).
+"""CI run of the accuracy benchmark's --quick mode on the real SmolLM2-135M (`python -m benchmarks.accuracy`).
 
 Marked slow (about 3 minutes on 2 CPU cores). It asserts only what must hold
 on any correct implementation, not the issue's targets: the hybrid cache is
@@ -22,13 +22,13 @@ sys.path.insert(0, str(ROOT))
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory, default_model):
-    from benchmarks import accuracy as bench
+    from benchmarks.accuracy import run, settings
 
-    for path in (bench.DEFAULT_WIKITEXT, bench.DEFAULT_ESSAYS):
+    for path in (settings.DEFAULT_WIKITEXT, settings.DEFAULT_ESSAYS):
         if not path.exists():
             pytest.skip(f"evaluation data not found: {path}")
     out = tmp_path_factory.mktemp("accuracy") / "accuracy_smollm2.json"
-    assert bench.main(["--quick", "--out", str(out)]) == 0
+    assert run.main(["--quick", "--out", str(out)]) == 0
     return json.loads(out.read_text())
 
 

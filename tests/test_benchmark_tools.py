@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from benchmarks.decode_kernel import CASES, parse_tunings, select_cases
+from benchmarks.cases import DECODE_CASES
+from benchmarks.decode_kernel import parse_tunings, select_cases
 from benchmarks.prefill_kernel import summarize
 from benchmarks.report import e2e_prefill_table, prefill_table
 from hyquant_jax.decode_launch import DecodeTuning
@@ -27,10 +28,10 @@ def test_parse_tunings_mosaic_splits():
 
 
 def test_select_cases_by_name_and_by_shape():
-    assert select_cases("") == CASES
+    assert select_cases("") == DECODE_CASES
     assert [c[0] for c in select_cases("B1 1K,B16")] == ["qwen3-8b B1 1K", "qwen3-8b B16 32K"]
     assert select_cases("B1 32K,B25 32K")[1] == ("qwen3-8b B25 32K", 25, 32, 8, 128, 32768)
-    assert select_cases("B16 32K") == [c for c in CASES if c[0] == "qwen3-8b B16 32K"]  # a known case wins
+    assert select_cases("B16 32K") == [c for c in DECODE_CASES if c[0] == "qwen3-8b B16 32K"]  # a known case wins
     for bad in ("B25", "B0 32K", "llama B1"):
         with pytest.raises(ValueError, match="--cases"):
             select_cases(bad)
@@ -127,8 +128,8 @@ def test_decode_table_reports_the_hybrid_against_the_read_probe():
 
 
 def test_flush_period_is_the_ring_block_of_a_ring_cache():
-    """e2e.py's flush period: the block size of caches with a window ring, None for bf16, through a mesh."""
-    from benchmarks.e2e import flush_period
+    """benchmarks.e2e's flush period: the block size of caches with a window ring, None for bf16, through a mesh."""
+    from benchmarks.e2e.decode import flush_period
     from hyquant_jax import make_attention
     from hyquant_jax.sharding import ShardedAttention, make_mesh
     from models import BF16Attention
@@ -143,79 +144,80 @@ def test_flush_period_is_the_ring_block_of_a_ring_cache():
 
 
 def test_e2e_stop_token_never_ends_the_timed_loops():
-    """e2e.py --stop-token decodes with eos id = vocab size: the loops stop on data as in `generate`, yet run every
-    step (`_decode_config` asserts the step count), for a cache with and without the nested runs of steps."""
+    """benchmarks.e2e --stop-token decodes with eos id = vocab size: the loops stop on data as in `generate`, yet
+    run every step (`decode.decode_config` asserts the step count), for a cache with and without the nested runs of
+    steps."""
     import jax
     import jax.numpy as jnp
 
-    from benchmarks import e2e
+    from benchmarks.e2e import decode, options
     from models import init_model
 
-    args = e2e.parse_args(["--smoke", "--sections", "b1", "--stop-token", "--steps", "3", "--reps", "1"])
-    assert args.stop_token and not e2e.parse_args(["--smoke"]).stop_token
-    config = e2e._model(args)
+    args = options.parse_args(["--smoke", "--sections", "b1", "--stop-token", "--steps", "3", "--reps", "1"])
+    assert args.stop_token and not options.parse_args(["--smoke"]).stop_token
+    config = options.model_config(args)
     model = init_model(jax.random.PRNGKey(0), config, jnp.bfloat16)
     for method in ("bf16", "hyquant"):
-        attention, _ = e2e._attention(args, method)
-        row = e2e._decode_config(args, model, attention, method, 64, 1)
+        attention, _ = options.method_attention(args, method)
+        row = decode.decode_config(args, model, attention, method, 64, 1)
         assert row["step_ms"] > 0
         assert isinstance(row["decode_temp_bytes"], int) and row["decode_temp_bytes"] >= 0
 
 
 def test_e2e_in_place_times_decode_in_place(monkeypatch):
-    """e2e.py --in-place times `generate.decode_in_place` (every call's buffers where the previous call's were),
+    """benchmarks.e2e --in-place times `generate.decode_in_place` (every call's buffers where the previous call's were),
     with and without a stop token; without the flag it times `decode`."""
     import jax
     import jax.numpy as jnp
 
     import hyquant_jax  # noqa: F401 - imports the module hyquant_jax.generate (the package exports a function)
-    from benchmarks import e2e
+    from benchmarks.e2e import decode, options
     from models import init_model
 
     module = sys.modules["hyquant_jax.generate"]
     calls = []
     for name in ("decode", "decode_in_place"):
         monkeypatch.setattr(module, name, _counting(getattr(module, name), name, calls))
-    config = e2e._model(e2e.parse_args(["--smoke"]))
+    config = options.model_config(options.parse_args(["--smoke"]))
     model = init_model(jax.random.PRNGKey(0), config, jnp.bfloat16)
     for flags in (["--in-place"], ["--in-place", "--stop-token"], []):
-        args = e2e.parse_args(["--smoke", "--sections", "b1", *flags])
+        args = options.parse_args(["--smoke", "--sections", "b1", *flags])
         for method in ("bf16", "hyquant"):
             calls.clear()
-            attention, _ = e2e._attention(args, method)
-            row = e2e._decode_config(args, model, attention, method, 64, 1)
+            attention, _ = options.method_attention(args, method)
+            row = decode.decode_config(args, model, attention, method, 64, 1)
             assert row["step_ms"] > 0 and isinstance(row["decode_temp_bytes"], int)
             assert calls == ["decode_in_place" if flags else "decode"] * (1 + args.reps), (flags, method, calls)
 
 
 def test_e2e_prefill_chunk_times_chunked_prefill():
-    """e2e.py --prefill-chunk times `generate.prefill` in chunks of that size (the row says which), for the bf16
+    """benchmarks.e2e --prefill-chunk times `generate.prefill` in chunks of that size (the row says which), for the bf16
     baseline and hyquant, each chunk's attention through XLA or (--chunk-impl triton) the fused kernel; a chunk
     that does not divide a prompt length is an argument error."""
     import jax
     import jax.numpy as jnp
 
-    from benchmarks import e2e
+    from benchmarks.e2e import options, prefill
     from models import init_model
 
-    args = e2e.parse_args(["--smoke", "--sections", "prefill", "--prefill-chunk", "128"])
-    config = e2e._model(args)
+    args = options.parse_args(["--smoke", "--sections", "prefill", "--prefill-chunk", "128"])
+    config = options.model_config(args)
     model = init_model(jax.random.PRNGKey(0), config, jnp.bfloat16)
     for method in ("bf16", "hyquant"):
-        attention, _ = e2e._attention(args, method)
+        attention, _ = options.method_attention(args, method)
         assert attention.chunk_impl == "auto"  # the library's default, the XLA path off the GPU
-        row = e2e._prefill_config(args, model, attention, method, 256)
+        row = prefill.prefill_config(args, model, attention, method, 256)
         assert (row["chunk"], row["prefix"], row["chunk_impl"]) == (128, 256, "xla") and row["seconds"] > 0
-    fused = e2e.parse_args(["--smoke", "--sections", "prefill", "--prefill-chunk", "128", "--chunk-impl", "triton"])
+    fused = options.parse_args(["--smoke", "--sections", "prefill", "--prefill-chunk", "128", "--chunk-impl", "triton"])
     for method in ("bf16", "hyquant"):
-        attention, _ = e2e._attention(fused, method)
+        attention, _ = options.method_attention(fused, method)
         assert attention.chunk_impl == "triton"
-    assert e2e._prefill_config(fused, model, attention, "hyquant", 256)["chunk_impl"] == "triton"
-    whole = e2e.parse_args(["--smoke", "--sections", "prefill"])
-    assert e2e._prefill_config(whole, model, e2e._attention(whole, "bf16")[0], "bf16", 256)["chunk"] == 256
+    assert prefill.prefill_config(fused, model, attention, "hyquant", 256)["chunk_impl"] == "triton"
+    whole = options.parse_args(["--smoke", "--sections", "prefill"])
+    assert prefill.prefill_config(whole, model, options.method_attention(whole, "bf16")[0], "bf16", 256)["chunk"] == 256
     for bad in ("100", "-1"):
         with pytest.raises(SystemExit):
-            e2e.parse_args(["--prefill-prefixes", "4096,32768", "--prefill-chunk", bad])
+            options.parse_args(["--prefill-prefixes", "4096,32768", "--prefill-chunk", bad])
 
 
 def test_chunked_prefill_attention_benchmark(tmp_path):
@@ -256,35 +258,36 @@ def _counting(fn, name, calls):
 
 
 def test_e2e_workers_share_one_compilation_and_autotune_cache(monkeypatch, tmp_path):
-    """e2e.py gives every worker one JAX compilation cache (a set JAX_COMPILATION_CACHE_DIR wins), and JAX
+    """benchmarks.e2e gives every worker one JAX compilation cache (a set JAX_COMPILATION_CACHE_DIR wins), and JAX
     puts XLA's per-fusion autotune cache inside it, so the methods and variants of one GPU call run the same
     GEMM picks. The last assert fails if a JAX upgrade stops doing that by default."""
     import tempfile
 
     import jax
 
-    from benchmarks import e2e
+    from benchmarks.e2e import options, run
 
-    args = e2e.parse_args([])
+    args = options.parse_args([])
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
-    env = e2e.worker_env(args)
+    env = run.worker_env(args)
     assert env["JAX_COMPILATION_CACHE_DIR"] == os.path.join(tempfile.gettempdir(), "hyquant_e2e_jax_cache")
     assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "true" and env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.95"
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path))
-    assert e2e.worker_env(args)["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path)
+    assert run.worker_env(args)["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path)
     enabled = jax.config.jax_persistent_cache_enable_xla_caches
     assert enabled == "all" or "xla_gpu_per_fusion_autotune_cache_dir" in enabled
 
 
 def test_profile_e2e_takes_methods_and_dumps_events_in_order(tmp_path):
-    """profile_e2e.py profiles e2e.py's methods by name and writes the GPU events it read, times relative to
+    """profile_e2e.py profiles benchmarks.e2e's methods by name and writes the GPU events it read, times relative to
     the first event."""
     import gzip
     import json
 
-    from benchmarks import e2e, profile_e2e
+    from benchmarks import profile_e2e
+    from benchmarks.e2e import options
 
-    args = e2e.parse_args(["--smoke", "--sections", "b1"])
+    args = options.parse_args(["--smoke", "--sections", "b1"])
     assert type(profile_e2e._attention(args, "bf16")).__name__ == "BF16Attention"
     assert type(profile_e2e._attention(args, "hyquant")).__name__ == "HybridAttention"
     with pytest.raises(ValueError, match="unknown method"):
@@ -323,19 +326,19 @@ ENTRY %main (a: bf16[4096,8,6,128], b: s32[]) -> f32[1] {
 
 
 def test_e2e_mosaic_blocks_per_sm_reaches_the_hybrid_attention():
-    from benchmarks import e2e
+    from benchmarks.e2e import options
     from hyquant_jax.decode_launch import DecodeTuning
 
-    attention, _ = e2e._attention(e2e.parse_args(["--smoke", "--mosaic-blocks-per-sm", "1"]), "hyquant")
+    attention, _ = options.method_attention(options.parse_args(["--smoke", "--mosaic-blocks-per-sm", "1"]), "hyquant")
     assert attention.decode_tuning == DecodeTuning(mosaic_blocks_per_sm=1)
-    attention, _ = e2e._attention(e2e.parse_args(["--smoke", "--mosaic-splits", "16"]), "hyquant")
+    attention, _ = options.method_attention(options.parse_args(["--smoke", "--mosaic-splits", "16"]), "hyquant")
     assert attention.decode_tuning == DecodeTuning(mosaic_splits=16)
-    attention, _ = e2e._attention(e2e.parse_args(["--smoke"]), "hyquant")
+    attention, _ = options.method_attention(options.parse_args(["--smoke"]), "hyquant")
     assert attention.decode_tuning is None
     for args in (["--mosaic-splits", "0"], ["--mosaic-blocks-per-sm", "0"], ["--mosaic-pages-per-copy", "4"],
                  ["--mosaic-wide"], ["--mosaic-interleave"]):  # out of range, or a removed option
         with pytest.raises(SystemExit):
-            e2e.parse_args(["--smoke", *args])
+            options.parse_args(["--smoke", *args])
 
 
 
@@ -399,7 +402,7 @@ def test_ctrl_c_in_a_benchmark_is_one_line(capsys):
 def test_e2e_combine_names_the_device_and_records_each_part(tmp_path):
     import json
 
-    from benchmarks import e2e
+    from benchmarks.e2e import options, run
 
     def part(section, command, device="NVIDIA H100 80GB HBM3"):
         rows = [{"method": "bf16", "prefix": 32768, "batch": 1, "step_ms": 7.0, "tokens_per_s": 142.9, "floor_ms": 6.0,
@@ -412,14 +415,14 @@ def test_e2e_combine_names_the_device_and_records_each_part(tmp_path):
     for section in ("b1", "batch"):
         paths.append(tmp_path / f"{section}.json")
         paths[-1].write_text(json.dumps(part(section, f"benchmarks/e2e.py --sections {section}")))
-    args = e2e.parse_args(["--combine", *map(str, paths), "--out", str(tmp_path), "--no-plot"])
-    e2e.combine(args)
+    args = options.parse_args(["--combine", *map(str, paths), "--out", str(tmp_path), "--no-plot"])
+    run.combine(args)
     merged = json.loads((tmp_path / "e2e_h100.json").read_text())
     assert [c["command"] for c in merged["combined_from"]] == ["benchmarks/e2e.py --sections b1",
                                                                "benchmarks/e2e.py --sections batch"]
     assert len(merged["b1"]) == len(merged["batch"]) == 1
     mesh = dict(part("b1", "x"), mesh={"data": 1, "model": 2})
-    assert e2e._default_name(mesh) == "e2e_h100x2"
+    assert run.default_name(mesh) == "e2e_h100x2"
 
 
 def test_ab_record_pairs_the_two_trees_rows(tmp_path):

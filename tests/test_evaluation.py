@@ -1,7 +1,7 @@
 """hyquant_jax.eval (shared prefills, teacher forcing, operators, the sparse ablation) on small random inputs
 and a tiny random model.
 
-The accuracy benchmark (benchmarks/accuracy.py) rests on these: the causal-skipping
+The accuracy benchmark (benchmarks/accuracy/) rests on these: the causal-skipping
 hybrid prefill equals the library reference, shared prefills build the same decode
 states as each method's own prefill, teacher forcing scores exactly what a full
 forward pass scores, and the vertical-only sparse ablation attends over exactly
@@ -270,13 +270,14 @@ def test_column_mass_rows_sum_to_one():
 
 
 def test_retrieval_batches_do_not_change_outputs():
-    """benchmarks.accuracy.generate_batches: the batch size (incl. copies filling the last batch) is invisible."""
+    """The accuracy benchmark's generation.generate_batches: the batch size (incl. copies filling the last batch)
+    is invisible."""
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from benchmarks._accuracy_tasks import Sample
-    from benchmarks.accuracy import generate_batches
+    from benchmarks.accuracy.generation import generate_batches
+    from benchmarks.accuracy.tasks import Sample
 
     class Tok:
         eos_ids, pad_id = (), 0
@@ -292,7 +293,8 @@ def test_retrieval_batches_do_not_change_outputs():
                             on_batch=lambda out: seen.append({m: list(rows) for m, rows in out.items()}))
     assert one == four
     # bf16 and uniform4 share EXACT_PREFILL's exact prefill (which also picks a VL set): same outputs
-    from benchmarks.accuracy import EXACT_PREFILL, flavor_groups
+    from benchmarks.accuracy.perplexity import flavor_groups
+    from benchmarks.accuracy.settings import EXACT_PREFILL
 
     assert len(flavor_groups(methods + (EXACT_PREFILL,), jnp.bfloat16)) == 1
     shared = generate_batches(model, Tok(), samples, methods + (EXACT_PREFILL,), jnp.bfloat16, batch=4,

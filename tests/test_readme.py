@@ -40,7 +40,7 @@ def test_readme_whole_model_example_runs(capsys, default_model):
 
 def test_readme_and_results_page_are_what_the_results_files_give():
     """docs/results.md and the README's headline table are `benchmarks/report.py`'s output for benchmarks/results
-    (rewrite them with `python benchmarks/report.py` and `--headline` after a benchmark run)."""
+    (rewrite them with `python -m benchmarks.report` and `--headline` after a benchmark run)."""
     from benchmarks import report
 
     assert report.main(["--check"]) == 0

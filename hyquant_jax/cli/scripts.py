@@ -1,5 +1,5 @@
-"""`hyquant bench` and `hyquant eval`: run a script of benchmarks/ from the source checkout this package runs
-from, or list them (benchmarks/README.md says what each measures)."""
+"""`hyquant bench` and `hyquant eval`: run a script of benchmarks/ (`python -m benchmarks.NAME`) from the source
+checkout this package runs from, or list them (benchmarks/README.md says what each measures)."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ def add_parsers(subparsers) -> None:
     for name, (what, _, example) in COMMANDS.items():
         p = subparsers.add_parser(
             name, help=f"run {what} script from benchmarks/ (no NAME: list them)",
-            description=f"Run benchmarks/NAME.py from this source checkout with the remaining arguments (for "
+            description=f"Run `python -m benchmarks.NAME` from this source checkout with the remaining arguments (for "
                         f"example `hyquant {name} {example}`). Without NAME, list the available scripts.")
-        p.add_argument("name", nargs="?", help="script name without .py")
+        p.add_argument("name", nargs="?", help="script name (a module of benchmarks/)")
         p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
 
 
@@ -40,15 +40,24 @@ def benchmarks_dir() -> Path:
 
 
 def _scripts(kind: str) -> dict[str, Path]:
+    """{name: the file whose docstring describes it}: benchmarks/NAME.py, or benchmarks/NAME/__init__.py for a
+    script that is a package."""
     folder = benchmarks_dir()
     if not folder.is_dir():
         raise ValueError(f"no benchmarks/ folder next to the package ({folder}); `hyquant {kind}` needs a source "
                          "checkout (pip install -e .)")
-    return {name: folder / f"{name}.py" for name in COMMANDS[kind][1] if (folder / f"{name}.py").is_file()}
+    found = {}
+    for name in COMMANDS[kind][1]:
+        for path in (folder / f"{name}.py", folder / name / "__init__.py"):
+            if path.is_file():
+                found[name] = path
+                break
+    return found
 
 
 def run_script(kind: str, name: str | None, script_args: list[str]) -> int:
-    """Run benchmarks/NAME.py of `kind` ("bench" or "eval") with `script_args`, or list them when name is None."""
+    """Run `python -m benchmarks.NAME` of `kind` ("bench" or "eval") with `script_args`, or list them when name
+    is None."""
     scripts = _scripts(kind)
     if name is None:
         print(f"hyquant {kind}: available scripts in {benchmarks_dir()}:")
@@ -60,7 +69,7 @@ def run_script(kind: str, name: str | None, script_args: list[str]) -> int:
         raise ValueError(f"no {kind} script named {name!r}; available: {sorted(scripts)}")
     root = str(benchmarks_dir().parent)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-    script = subprocess.Popen([sys.executable, str(scripts[name]), *script_args], cwd=root, env=env)
+    script = subprocess.Popen([sys.executable, "-m", f"benchmarks.{name}", *script_args], cwd=root, env=env)
     while True:
         try:
             return script.wait()

@@ -1,4 +1,4 @@
-"""Evaluation-only code: what the accuracy benchmark (benchmarks/accuracy.py) needs on top of the library.
+"""Evaluation-only code: what the accuracy benchmark (benchmarks/accuracy/) needs on top of the library.
 
 * `causal_prefill`: reference-path prefills whose query chunks read only the keys they can see.
 * `sparse_attention`: the vertical-only sparse ablation (`VerticalSparseAttention`).
