@@ -330,13 +330,10 @@ def cache_slots(max_len: int) -> int:
 
     On the GPU, XLA's matmul for P.V (contraction over the slots) pads an
     operand whose slot count is not tile-aligned, i.e. copies the whole V
-    cache every decode step (measured: 41 us per layer at 32K, B=1); aligned
-    slots cost a little memory and no copy. Slots past max_len stay masked.
-    512 rather than 256: on the H200 the bf16 decode step at a 128K prefix took
-    16.2 ms with 131328 slots (256 x 513) and 10.3 ms with 131584 (512 x 257),
-    while 1280 / 1536 and 33024 / 33280 slots timed the same. The attention alone is ~2x slower at every
-    odd multiple of 256 from 64K up and at no multiple of 512 measured (docs/design.md, "Answered
-    questions").
+    cache every decode step; aligned slots cost a little memory and no copy.
+    Slots past max_len stay masked. 512 rather than 256: the bf16 attention is
+    ~2x slower at odd multiples of 256 slots from 64K up (docs/design.md,
+    "Answered questions").
     """
     return -(-max_len // SLOT_ALIGN) * SLOT_ALIGN
 
@@ -394,8 +391,7 @@ class BF16Attention:
     prefill_impl: "auto" (cuDNN flash attention where `cudnn_applies`, XLA
       elsewhere), "xla" or "cudnn" for whole-prompt prefill.
     chunk_impl: chunked prefill's attention (`prefix_attention`'s impl): "auto" (the fused kernel where
-      `fused_chunk_applies`, i.e. on a GPU; 2.3x faster end to end over a 32K prompt's 2048-token chunks on
-      the H200, docs/design.md "Chunked prefill"), "xla" (online softmax over key
+      `fused_chunk_applies`, i.e. on a GPU: docs/design.md "Chunked prefill"), "xla" (online softmax over key
       blocks) or "triton" (the fused kernel, in interpret mode off the GPU).
     cache_dtype: storage dtype (None: the dtype of k, e.g. bf16).
     f32_probs: PV product in float32 (see `grouped_attention`); None: only
@@ -404,8 +400,7 @@ class BF16Attention:
     attend_first: decode attends over the cache before the step's token is written, with that token as one
       more key (`grouped_attention(..., token=...)`), then writes it: the write leaves the path from q to
       the output, as the hybrid cache's ring append does (`hyquant_jax.decode_step`). Off by default: it
-      made the bf16 step slower on the H200 (B=1 32K 6.05 against 5.95-5.96 ms, 128K 9.84 against
-      9.70-9.71).
+      made the bf16 step slower on the H200 at B=1 32K and 128K.
     """
 
     prefill_impl: str = "auto"
