@@ -128,7 +128,7 @@ API_TRIALS = [
     ({"seed": -1}, "seed must be an integer in 0 .. 2**32 - 1"),
     ({"max_new_tokens": True}, "max_new_tokens must be an int >= 1, got True"),
     ({"backend": "cuda"}, "backend must be one of"),
-    ({"attention": "fp8"}, "attention must be one of"),
+    ({"attention": "fp4"}, "attention must be one of"),
 ]
 if ON_CPU:
     API_TRIALS += [({"backend": "triton"}, "backend='triton' compiles the Pallas kernels for an NVIDIA GPU"),
