@@ -245,7 +245,7 @@ def test_bench_and_eval_list_and_run_scripts(capsys):
     listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]]
     assert listed == list(scripts.BENCHMARKS)
     assert cli.main(["eval"]) == 0
-    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]] == ["accuracy"]
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]] == list(scripts.EVALUATIONS)
     assert cli.main(["eval", "no_such_eval"]) == 2
     assert "no eval script named 'no_such_eval'" in capsys.readouterr().err
     assert cli.main(["bench", "e2e", "--help"]) == 0
