@@ -109,6 +109,20 @@ def _layer_states(attention, config, batch, prompt_len, max_len, dtype, whole):
                  for _ in range(config.num_layers))
 
 
+def _run_chunk(model, states, logits, tokens, offset, lengths, *, attention, max_len, min_length):
+    """One chunk of a chunked prefill: tokens int32 [B, C] at positions offset .. offset + C - 1. Returns the
+    states and the logits, those of rows whose last prompt token lies in this chunk replaced."""
+    ctx = PrefillContext(offset, lengths, max_len, whole=False, min_length=min_length)
+    new, states = model(tokens, ctx, states, attention=attention, output_index=lengths - 1 - offset)
+    inside = (lengths - 1 >= offset) & (lengths - 1 < offset + tokens.shape[1])
+    return states, jnp.where(inside[:, None], new, logits)
+
+
+def _finish(states, lengths, *, attention, max_len, whole, min_length):
+    ctx = PrefillContext(jnp.int32(0), lengths, max_len, whole=whole, min_length=min_length)
+    return tuple(attention.finish_prefill(i, s, ctx) for i, s in enumerate(states))
+
+
 @jit_with_options(prefill_compiler_options(XLA_FLAGS),
                   static_argnames=("model_def", "attention", "sampling", "chunk", "max_len", "min_length"))
 def prefill(model_def: ModelDef, weights, tokens: jax.Array, lengths: jax.Array, key: jax.Array, *, attention,
@@ -125,26 +139,53 @@ def prefill(model_def: ModelDef, weights, tokens: jax.Array, lengths: jax.Array,
     b, t = tokens.shape
     whole = t <= chunk
     states = _layer_states(attention, config, b, t, max_len, model.dtype, whole)
-    run = partial(model, attention=attention)
     if whole:
         ctx = PrefillContext(jnp.int32(0), lengths, max_len, whole=True, min_length=min_length)
-        logits, states = run(tokens, ctx, states, output_index=lengths - 1)
+        logits, states = model(tokens, ctx, states, attention=attention, output_index=lengths - 1)
     else:
         def body(c, carry):
-            states, logits = carry
             offset = (c * chunk).astype(jnp.int32)
-            ctx = PrefillContext(offset, lengths, max_len, whole=False, min_length=min_length)
             chunk_tokens = jax.lax.dynamic_slice_in_dim(tokens, offset, chunk, axis=1)
-            new, states = run(chunk_tokens, ctx, states, output_index=lengths - 1 - offset)
-            inside = (lengths - 1 >= offset) & (lengths - 1 < offset + chunk)
-            return states, jnp.where(inside[:, None], new, logits)
+            return _run_chunk(model, *carry, chunk_tokens, offset, lengths, attention=attention, max_len=max_len,
+                              min_length=min_length)
 
         logits0 = jnp.zeros((b, config.vocab_size), jnp.float32)
         states, logits = jax.lax.fori_loop(0, t // chunk, body, (states, logits0))
-    ctx = PrefillContext(jnp.int32(0), lengths, max_len, whole=whole, min_length=min_length)
-    states = tuple(attention.finish_prefill(i, s, ctx) for i, s in enumerate(states))
+    states = _finish(states, lengths, attention=attention, max_len=max_len, whole=whole, min_length=min_length)
     first = sample(logits, key, sampling, positions=lengths)
     return first, logits, states
+
+
+# A chunked prefill one chunk per call, so that a server decodes running requests between the chunks of a long
+# prompt: `chunked_prefill_states`, then `prefill_chunk` for offsets 0, C, 2C, ... below T, then
+# `finish_chunked_prefill`. The same states, logits and finished states as `prefill` of the same tokens.
+
+def chunked_prefill_states(model: Decoder, attention, batch: int, prompt_len: int, max_len: int) -> tuple:
+    """The empty per-layer states of a chunked prefill of `batch` prompts padded to `prompt_len` tokens."""
+    return _layer_states(attention, model.config, batch, prompt_len, max_len, model.dtype, whole=False)
+
+
+@jit_with_options(prefill_compiler_options(XLA_FLAGS),
+                  static_argnames=("model_def", "attention", "max_len", "min_length"), donate_argnames=("states",))
+def prefill_chunk(model_def: ModelDef, weights, states: tuple, logits: jax.Array, tokens: jax.Array,
+                  offset: jax.Array, lengths: jax.Array, *, attention, max_len: int, min_length: int = 0):
+    """One chunk of a chunked prefill -> (states, logits float32 [B, V]).
+
+    states: from `chunked_prefill_states` or the previous chunk (donated); logits: float32 [B, V], zeros before
+    the first chunk; tokens: int32 [B, C], the prompts' positions offset .. offset + C - 1; offset: int32 [];
+    lengths: int32 [B] the prompt lengths; max_len, min_length: as `prefill`'s.
+    """
+    return _run_chunk(model_def.merge(weights), states, logits, tokens, offset, lengths, attention=attention,
+                      max_len=max_len, min_length=min_length)
+
+
+# Not donated: a hybrid cache's frozen states have other shapes than its staging states, so XLA could not reuse
+# them (and would warn); the staging buffers are freed when the caller drops them.
+@jit_with_options(prefill_compiler_options(XLA_FLAGS), static_argnames=("attention", "max_len", "min_length"))
+def finish_chunked_prefill(states: tuple, lengths: jax.Array, *, attention, max_len: int,
+                           min_length: int = 0) -> tuple:
+    """The decode states of a chunked prefill whose every chunk ran (`finish_prefill` of each layer)."""
+    return _finish(states, lengths, attention=attention, max_len=max_len, whole=False, min_length=min_length)
 
 
 def _is_eos(tokens, eos_ids: tuple[int, ...]):

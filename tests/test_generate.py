@@ -12,13 +12,16 @@ import pytest
 from hyquant_jax import HyQuantConfig
 from hyquant_jax.cache import capacities
 from hyquant_jax.generate import (
+    chunked_prefill_states,
     decode,
     decode_in_place,
+    finish_chunked_prefill,
     generate,
     kv_cache_bytes,
     last_tokens,
     pad_prompts,
     prefill,
+    prefill_chunk,
     shortest_prompt_bound,
 )
 from hyquant_jax.model_attention import HybridAttention, make_attention
@@ -115,6 +118,29 @@ def test_chunked_prefill_matches_whole_prompt(model, prompts, kind):
     if not kind.startswith("bf16"):
         for a, b in zip(jax.tree_util.tree_leaves(whole.states[1]), jax.tree_util.tree_leaves(chunked.states[1])):
             np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["bf16", "hyquant"])
+def test_prefill_one_chunk_per_call_equals_prefill(model, prompts, kind):
+    """`prefill_chunk` call by call, then `finish_chunked_prefill`: the logits and decode states of `prefill`'s
+    chunked loop over the same tokens (what a server interleaves with decode steps)."""
+    attention = make_attention(kind, SMALL_HQ if kind == "hyquant" else None)
+    model_def, weights = split_model(model)
+    tokens, lengths = pad_prompts(prompts, 0, 32, 32)
+    tokens, lengths = jnp.asarray(tokens), jnp.asarray(lengths)
+    t, max_len = tokens.shape[1], tokens.shape[1] + 32
+    _, want_logits, want = prefill(model_def, weights, tokens, lengths, jax.random.PRNGKey(0), attention=attention,
+                                   sampling=SamplingConfig(), chunk=32, max_len=max_len)
+    states = chunked_prefill_states(model, attention, len(prompts), t, max_len)
+    logits = jnp.zeros((len(prompts), CONFIG.vocab_size), jnp.float32)
+    for offset in range(0, t, 32):
+        states, logits = prefill_chunk(model_def, weights, states, logits, tokens[:, offset:offset + 32],
+                                       jnp.int32(offset), lengths, attention=attention, max_len=max_len)
+    got = finish_chunked_prefill(states, lengths, attention=attention, max_len=max_len)
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(want_logits), rtol=1e-5, atol=1e-5)
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=2e-2)
 
 
 def test_quantized_baselines(model, prompts):

@@ -197,3 +197,40 @@ def test_prompt_sizes(model, hybrid):
 def test_bad_engine_settings_are_refused(model, hybrid, kw, match):
     with pytest.raises(ValueError, match=match):
         Engine(model, hybrid, **kw)
+
+
+CHUNK = 32  # prompts longer than this are prefilled one chunk per step
+LONG = 70  # padded to 96: three chunks
+
+
+def test_a_long_prompt_is_prefilled_one_chunk_per_step(model, prompts, hybrid):
+    """A prompt longer than prefill_chunk is prefilled one chunk per step while the running request gains a token
+    in every step; both get the tokens of their prompts alone; cancelling it mid-prefill frees its slot."""
+    long_prompt = np.random.default_rng(3).integers(0, CONFIG.vocab_size, LONG).tolist()
+    want_long, want_short = (
+        generate(model, [p], attention=hybrid, max_new_tokens=MAX_TOKENS, eos_ids=(), max_len=CONTEXT,
+                 prefill_chunk=CHUNK).sequences()[0] for p in (long_prompt, prompts[0]))
+    compiles = []
+    engine = _engine(model, hybrid, 2, prefill_chunk=CHUNK, on_compile=compiles.append)
+    short = engine.add_request(prompts[0], max_tokens=MAX_TOKENS)
+    _step_checked(engine)
+    long = engine.add_request(long_prompt, max_tokens=MAX_TOKENS)
+    for _ in range(2):  # chunks 1 and 2 of 3: the long request holds its slot but does not decode yet
+        updates = _step_checked(engine)
+        assert engine.prefilling == long and engine.slots() == (short, long)
+        assert list(updates) == [short] and len(updates[short].tokens) == 1
+    updates = _step_checked(engine)  # the last chunk, then its first decode step
+    assert engine.prefilling is None and len(updates[long].tokens) == 2 and len(updates[short].tokens) == 1
+    results = engine.run()
+    assert results[short].tokens == want_short and results[long].tokens == want_long
+    assert compiles == [f"compiling the prefill of prompts padded to {CHUNK} tokens (once)",
+                        "compiling the chunked prefill of prompts padded to 96 tokens (once)"]
+
+    first = engine.add_request(long_prompt, max_tokens=4)
+    second = engine.add_request(long_prompt, max_tokens=MAX_TOKENS)
+    _step_checked(engine)
+    assert engine.prefilling == first and engine.slots() == (first, None) and engine.waiting == 1
+    assert engine.cancel(first) and engine.prefilling is None and engine.slots() == (None, None)
+    engine.check_invariants()
+    assert engine.pop_result(first).finish_reason == "cancelled"
+    assert engine.run()[second].tokens == want_long

@@ -7,10 +7,13 @@
     engine.pop_result(rid).finish_reason    # "stop", "length" or "cancelled"
 
 The decode states hold `max_slots` rows (slots) of `context` tokens each. Every `step()` admits waiting
-requests into free slots (a prompt is prefilled alone by `hyquant_jax.generate.prefill`, chunked past
-`prefill_chunk` tokens, and its states written into the slot's row), then runs one jitted decode step over all
-slots with per-slot positions; inactive slots neither grow nor touch the others' tokens. A request leaves its
-slot when it finishes (max_tokens, a stop token or string, the end-of-sequence token) or is cancelled.
+requests into free slots, prefills one chunk of a long prompt, then runs one jitted decode step over the
+running slots with per-slot positions; inactive slots neither grow nor touch the others' tokens. A prompt of
+at most `prefill_chunk` tokens is prefilled alone at admission (`hyquant_jax.generate.prefill`); a longer one
+is prefilled one chunk per step (`generate.prefill_chunk`), so the running requests gain a token between its
+chunks instead of waiting for the whole prompt. Its states are written into the slot's row when its last chunk
+has run. A request leaves its slot when it finishes (max_tokens, a stop token or string, the end-of-sequence
+token) or is cancelled.
 
 Memory is accounted per slot, not per page: a request is accepted only when its prompt and max_tokens fit one
 slot's context, and admitted when a slot is free; beyond the free slots at most `max_queue` requests wait. Why
@@ -29,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hyquant_jax.generate import prefill
+from hyquant_jax.generate import chunked_prefill_states, finish_chunked_prefill, prefill, prefill_chunk
 from hyquant_jax.sampling import SamplingConfig
 from hyquant_jax.serving.step import RowSampling, check_rows, decode_step, empty_rows, sample_rows, write_row
 from hyquant_jax.serving.text import TextStream
@@ -77,6 +80,18 @@ class _Request:
     slot: int | None = None
 
 
+@dataclasses.dataclass
+class _ChunkedPrefill:
+    """A long prompt being prefilled one chunk per step: its padded tokens int32 [1, T], the staging states
+    and logits so far, and the offset of the next chunk."""
+
+    request: _Request
+    tokens: np.ndarray
+    states: tuple
+    logits: jax.Array
+    offset: int = 0
+
+
 class Engine:
     """Continuous batching over `max_slots` cache slots (see module docstring).
 
@@ -86,9 +101,11 @@ class Engine:
     most 4096; past `prefill_chunk` a multiple of it). Prompts are padded to `padded_size`: bucket times a power
     of two up to prefill_chunk (few prefill programs to compile), then multiples of prefill_chunk (chunked).
     eos_ids: tokens that end every request (None: the tokenizer's, else the model config's). max_queue: requests
-    that may wait once every slot is taken. prefills_per_step: prompts admitted per `step` at most (each prefill
-    delays the running requests' next token). seed: draws the seeds of requests that give none. on_compile:
-    called with a message before a prompt size's prefill compiles (the running requests wait meanwhile).
+    that may wait once every slot is taken. prefills_per_step: prompts admitted per `step` at most (each short
+    prompt's prefill, and each chunk of a long one, delays the running requests' next token). One long prompt
+    is prefilled at a time: its staging states hold its whole prompt in bf16 until its last chunk. seed: draws
+    the seeds of requests that give none. on_compile: called with a message before a prompt size's prefill
+    compiles (the running requests wait meanwhile).
     """
 
     def __init__(self, model: Decoder, attention, *, tokenizer=None, max_slots: int = 4, context: int | None = None,
@@ -129,6 +146,7 @@ class Engine:
         self._ids = itertools.count()
         self._waiting: collections.deque[_Request] = collections.deque()
         self._running: dict[int, _Request] = {}
+        self._chunked: _ChunkedPrefill | None = None
         self._results: dict[int, Result] = {}
         self._owner: list[int | None] = [None] * max_slots
         self._last = np.zeros(max_slots, np.int32)
@@ -208,6 +226,10 @@ class Engine:
         if request_id in self._running:
             self._finish(self._running[request_id], "cancelled")
             return True
+        if self._chunked is not None and self._chunked.request.id == request_id:
+            request, self._chunked = self._chunked.request, None
+            self._finish(request, "cancelled")
+            return True
         return False
 
     def pop_result(self, request_id: int) -> Result | None:
@@ -218,21 +240,33 @@ class Engine:
 
     @property
     def busy(self) -> bool:
-        """Whether a request waits or runs."""
-        return bool(self._waiting or self._running)
+        """Whether a request waits, is being prefilled or runs."""
+        return bool(self._waiting or self._running or self._chunked is not None)
 
     def step(self) -> dict[int, Update]:
-        """Admit waiting requests into free slots (up to prefills_per_step), then decode one token for every
-        running request. Returns {request id: Update} for each request that gained tokens or finished."""
+        """Admit waiting requests into free slots (up to prefills_per_step; a long prompt waits while another is
+        being prefilled), prefill one chunk of the long prompt, then decode one token for every running
+        request. Returns {request id: Update} for each request that gained tokens or finished."""
         updates: dict[int, Update] = {}
         for _ in range(self.prefills_per_step):
             if not self._waiting or None not in self._owner:
                 break
+            long_prompt = len(self._waiting[0].prompt) > self.prefill_chunk
+            if long_prompt and self._chunked is not None:
+                break
             request = self._waiting.popleft()
-            self._admit(request, self._owner.index(None))
+            if long_prompt:
+                self._start_chunked(request, self._owner.index(None))
+                continue
+            logits, row = self._prefill(request.prompt)
+            self._place(request, self._owner.index(None), logits, row)
             updates[request.id] = self._emit(request, [int(self._last[request.slot])])
+        if self._chunked is not None:
+            request = self._next_chunk()
+            if request is not None:
+                updates[request.id] = self._emit(request, [int(self._last[request.slot])])
         if self._running:
-            active = np.array([o is not None for o in self._owner])
+            active = np.array([o is not None and o in self._running for o in self._owner])
             self._states, tokens = decode_step(
                 self._model_def, self._weights, self._states, jnp.asarray(self._last),
                 jnp.asarray(self._positions), jnp.asarray(active), self._device_sampling(),
@@ -250,7 +284,8 @@ class Engine:
 
     def stream(self, request_id: int) -> Iterator[Update]:
         """Step the engine until the request finishes, yielding its updates (other requests run along)."""
-        while request_id in self._running or any(r.id == request_id for r in self._waiting):
+        while (request_id in self._running or any(r.id == request_id for r in self._waiting)
+               or (self._chunked is not None and self._chunked.request.id == request_id)):
             update = self.step().get(request_id)
             if update is not None:
                 yield update
@@ -278,6 +313,7 @@ class Engine:
         """Cancel every waiting and running request and drop the slots' states (rebuilt at the next admission),
         e.g. after a failed step whose donated states are gone. Returns the ids of the cancelled requests."""
         ids = [r.id for r in self._waiting] + list(self._running)
+        ids += [self._chunked.request.id] if self._chunked is not None else []
         for rid in ids:
             self.cancel(rid)
         self._states = None
@@ -297,6 +333,11 @@ class Engine:
     def running(self) -> int:
         return len(self._running)
 
+    @property
+    def prefilling(self) -> int | None:
+        """The id of the long prompt's request being prefilled chunk by chunk (None: none)."""
+        return None if self._chunked is None else self._chunked.request.id
+
     def cache_bytes(self) -> int:
         """Bytes of the slots' decode states (all layers; 0 before the first prefill or `compile`)."""
         leaves = jax.tree_util.tree_leaves(self._states) if self._states is not None else []
@@ -308,13 +349,20 @@ class Engine:
         is within max_queue and every running request fits its slot."""
         owners = [o for o in self._owner if o is not None]
         assert len(owners) == len(set(owners)), f"a request owns several slots: {self._owner}"
-        assert set(owners) == set(self._running), f"slots {self._owner} against running {sorted(self._running)}"
+        chunked = {self._chunked.request.id} if self._chunked is not None else set()
+        assert set(owners) == set(self._running) | chunked, (
+            f"slots {self._owner} against running {sorted(self._running)} and prefilling {chunked}")
+        assert not chunked & set(self._running), "a request both runs and is being prefilled"
+        if self._chunked is not None:
+            request = self._chunked.request
+            assert self._owner[request.slot] == request.id and not request.tokens
+            assert 0 <= self._chunked.offset < self._chunked.tokens.shape[1]
         for rid, request in self._running.items():
             assert self._owner[request.slot] == rid, f"request {rid} names slot {request.slot}: {self._owner}"
             assert len(request.prompt) + len(request.tokens) <= self.context
             assert self._positions[request.slot] == len(request.prompt) + len(request.tokens) - 1
         waiting = [r.id for r in self._waiting]
-        assert not set(waiting) & set(self._running), "a request both waits and runs"
+        assert not set(waiting) & (set(self._running) | chunked), "a request both waits and runs"
         assert len(waiting) <= self.max_queue + self._owner.count(None) and not set(waiting) & set(self._results)
 
     # ------------------------------------------------------------------ internals
@@ -327,14 +375,19 @@ class Engine:
         size = self.bucket << max(0, math.ceil(math.log2(prompt_tokens / self.bucket)))
         return min(size, self.prefill_chunk, self.context)
 
-    def _prefill(self, ids: list[int]):
-        """(logits float32 [1, V], decode states with batch 1 and capacity `context`) of one prompt."""
+    def _padded_tokens(self, ids: list[int], what: str) -> np.ndarray:
+        """int32 [1, padded_size] of a prompt; says when a new size's program compiles."""
         padded = self.padded_size(len(ids))
         if padded not in self._compiled_sizes and self.on_compile is not None:
-            self.on_compile(f"compiling the prefill of prompts padded to {padded} tokens (once)")
+            self.on_compile(f"compiling the {what} of prompts padded to {padded} tokens (once)")
         self._compiled_sizes.add(padded)
         tokens = np.full((1, padded), self.pad_id, np.int32)
         tokens[0, :len(ids)] = ids
+        return tokens
+
+    def _prefill(self, ids: list[int]):
+        """(logits float32 [1, V], decode states with batch 1 and capacity `context`) of one prompt."""
+        tokens = self._padded_tokens(ids, "prefill")
         _, logits, row = prefill(self._model_def, self._weights, jnp.asarray(tokens),
                                  jnp.array([len(ids)], jnp.int32), jax.random.PRNGKey(0),
                                  attention=self.attention, sampling=SamplingConfig(), chunk=self.prefill_chunk,
@@ -343,8 +396,34 @@ class Engine:
             check_rows(state)
         return logits, row
 
-    def _admit(self, request: _Request, slot: int) -> None:
-        logits, row = self._prefill(request.prompt)
+    def _start_chunked(self, request: _Request, slot: int) -> None:
+        """Reserve the slot for a long prompt whose chunks the next steps prefill."""
+        tokens = self._padded_tokens(request.prompt, "chunked prefill")
+        states = chunked_prefill_states(self.model, self.attention, 1, tokens.shape[1], self.context)
+        logits = jnp.zeros((1, self.config.vocab_size), jnp.float32)
+        self._chunked = _ChunkedPrefill(request, tokens, states, logits)
+        self._owner[slot], request.slot = request.id, slot
+
+    def _next_chunk(self) -> _Request | None:
+        """Prefill the long prompt's next chunk; after its last, place it in its slot and return its request."""
+        job, c = self._chunked, self.prefill_chunk
+        lengths = jnp.array([len(job.request.prompt)], jnp.int32)
+        tokens = jnp.asarray(job.tokens[:, job.offset:job.offset + c])
+        job.states, job.logits = prefill_chunk(self._model_def, self._weights, job.states, job.logits, tokens,
+                                               jnp.int32(job.offset), lengths, attention=self.attention,
+                                               max_len=self.context)
+        job.offset += c
+        if job.offset < job.tokens.shape[1]:
+            return None
+        row = finish_chunked_prefill(job.states, lengths, attention=self.attention, max_len=self.context)
+        for state in row:
+            check_rows(state)
+        self._chunked = None
+        self._place(job.request, job.request.slot, job.logits, row)
+        return job.request
+
+    def _place(self, request: _Request, slot: int, logits: jax.Array, row: tuple) -> None:
+        """Write a prefilled prompt's states into the slot's row and sample its first token: it runs."""
         if self._states is None:
             self._states = empty_rows(row, self.max_slots)
         self._states = write_row(self._states, row, jnp.int32(slot))
