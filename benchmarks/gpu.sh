@@ -7,6 +7,8 @@
 #   bash benchmarks/gpu.sh e2e               end to end: B=1 at 1K / 32K / 128K, then the 32K batch sweep up to out of
 #                                            memory, one process per method
 #   bash benchmarks/gpu.sh accuracy          the accuracy benchmark at its full specification (float32, as on CPU)
+#   bash benchmarks/gpu.sh serve             the serving engine, bf16 against HyQuant in the same cache memory: 64
+#                                            requests of 2K-16K prompts into 32K slots (CACHE_GIB, default 40)
 #   bash benchmarks/gpu.sh ab BASE           this tree against the checkout at BASE in one call, one process per tree
 #                                            and benchmark, BASE first: AB="decode_kernel e2e_b1" (default),
 #                                            e2e_batch_bf16 / e2e_batch_hyquant (BATCHES_BF16=..., BATCHES_HYQUANT=...)
@@ -62,6 +64,10 @@ case "$part" in
         --methods "$method" --batches "${BATCHES:-1,4,8,16,32,48,64}" --until-oom --steps 64 --reps 2 --no-plot
     done
     run e2e_combine python3 -m benchmarks.e2e --out "$results" --combine "$parts"/*.json
+    ;;
+  serve)
+    run serve python3 -m benchmarks.serve --context 32768 --cache-gib "${CACHE_GIB:-40}" --requests 64 \
+      --prompt-lengths 2048:16384 --max-tokens 256 --out "$results"
     ;;
   accuracy)
     run accuracy python3 -m benchmarks.accuracy --spec --dtype float32 --out "$results"

@@ -445,3 +445,28 @@ def test_ab_record_pairs_the_two_trees_rows(tmp_path):
     assert [(r["benchmark"], r["what"]) for r in record["rows"]] == [("decode_kernel", "hybrid qwen3-8b B1 32K"),
                                                                      ("e2e", "hyquant B1 32768")]
     assert "| 1.020 |" in ab_table(record)
+
+
+def test_serve_benchmark_replays_the_workload_and_records_each_method(tmp_path):
+    """benchmarks/serve.py: the seeded workload (lengths in range, Poisson times from 0), a tiny bf16 run whose row
+    counts every requested token, and its argument checks."""
+    import json
+
+    from benchmarks import serve
+
+    args = serve.parse_args(["--requests", "50", "--prompt-lengths", "10:20", "--rate", "5", "--context", "64",
+                             "--max-tokens", "8"])
+    arrivals = serve.workload(args, 100)
+    assert arrivals == serve.workload(args, 100) and len(arrivals) == 50 and arrivals[0].at == 0
+    assert all(10 <= len(a.prompt) <= 20 and max(a.prompt) < 100 for a in arrivals)
+    assert all(a.at <= b.at for a, b in zip(arrivals, arrivals[1:])) and 4 < 50 / arrivals[-1].at < 7
+    assert serve.main(["--smoke", "--methods", "bf16", "--requests", "3", "--prompt-lengths", "20:40", "--out",
+                       str(tmp_path), "--no-plot"]) == 0
+    (path,) = tmp_path.glob("serve_*.json")
+    (row,) = json.load(open(path))["rows"]
+    assert row["method"] == "bf16" and row["requests"] == 3 and row["output_tokens"] == 3 * 8
+    assert row["tokens_per_s"] > 0 and row["ttft_s"]["p50"] > 0 and row["slot_bytes"] * 2 == row["cache_bytes"]
+    for bad in (["--methods", "fp4"], ["--prompt-lengths", "9:x"], ["--prompt-lengths", "100:5000", "--context",
+                                                                     "4096"], ["--requests", "0"]):
+        with pytest.raises(SystemExit):
+            serve.parse_args(bad)

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 # The documented scripts of benchmarks/.
-BENCHMARKS = ("decode_kernel", "prefill_kernel", "chunked_prefill_attention", "e2e", "decode_memory", "read_bandwidth",
-              "report")
+BENCHMARKS = ("decode_kernel", "prefill_kernel", "chunked_prefill_attention", "e2e", "serve", "decode_memory",
+              "read_bandwidth", "report")
 EVALUATIONS = ("accuracy", "ruler_eval")
 COMMANDS = {"bench": ("a benchmark", BENCHMARKS, "e2e --help"), "eval": ("an evaluation", EVALUATIONS,
                                                                          "accuracy --quick")}
